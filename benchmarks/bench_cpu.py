@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""polyllama vs llama-bench (same llama.cpp tree, same run) on one device.
+
+Measures prompt processing (ppN) and generation (tgN) tokens/s:
+  * llama-bench from build/cmake/bin (the reference: llama.cpp's own numbers),
+  * polyllama `generate` (pp: a prompt of N tokens; tg: N tokens after a 1-token prompt),
+  * polyllama `stream` (tg: the same, consumed piece by piece),
+  * llama-cpp-python and cyllama when importable (reported, never required),
+and the per-token Python overhead of polyllama's loop: wall time per generated token
+minus llama.cpp's own decode time per token (llama_perf_context).
+
+    python benchmarks/bench_cpu.py                      # SmolLM2, CPU, 2 threads
+    python benchmarks/bench_cpu.py -m model.gguf --backend cuda -p 512 -n 128 --ngl 99
+
+Prints a markdown table with ratios; --json FILE writes the raw figures.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def llama_bench(binary: Path, model: str, threads: int, n_prompt: int, n_gen: int, reps: int,
+                ngl: int, device: str | None) -> dict:
+    cmd = [str(binary), "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen),
+           "-r", str(reps), "-ngl", str(ngl), "-o", "json"]
+    if device:
+        cmd += ["-dev", device]
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True)
+    rows = json.loads(out.stdout)
+    res = {}
+    for r in rows:
+        key = "pp" if r["n_prompt"] else "tg"
+        res[key] = r["avg_ts"]
+        res[key + "_sd"] = r["stddev_ts"]
+    return res
+
+
+def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: int, backend: str,
+                    ngl) -> dict:
+    from polyllama import LLM
+    llm = LLM(model, backend=backend, n_threads=threads, n_gpu_layers=ngl,
+              n_ctx=max(4096, n_prompt + n_gen + 8), n_seq_max=1)
+    core = llm._ctx
+    vocab = llm.metadata["n_vocab"]
+    # a prompt of exactly n_prompt tokens, like llama-bench's (which uses random tokens)
+    prompt = [(i * 7919 + 13) % (vocab - 1000) + 500 for i in range(n_prompt)]
+    pp, tg_gen, tg_stream, overhead = [], [], [], []
+    llm.generate(prompt[:16], max_tokens=4)  # warm-up, as llama-bench does
+    for _ in range(reps):
+        llm._cached = []
+        core.clear()
+        t0 = time.perf_counter()
+        core.decode(prompt, 0, 0)
+        llm._ctx.logits(-1)   # synchronize: logits are ready
+        pp.append(n_prompt / (time.perf_counter() - t0))
+
+        llm._cached = []
+        core.clear()
+        core.perf_reset()
+        t0 = time.perf_counter()
+        r = llm.generate([prompt[0]], max_tokens=n_gen, ignore_eos=True)
+        wall = time.perf_counter() - t0
+        perf = core.perf()
+        tg_gen.append(r.generation_tokens_per_second)
+        # decode time inside llama.cpp for the generated tokens vs the wall time of the loop
+        if perf["n_eval"]:
+            overhead.append((wall - (perf["t_eval_ms"] + perf["t_p_eval_ms"]) / 1e3) / r.generated_tokens * 1e6)
+
+        llm._cached = []
+        core.clear()
+        t0 = time.perf_counter()
+        n = 0
+        t_first = None
+        for _ in llm.stream([prompt[0]], max_tokens=n_gen, ignore_eos=True):
+            n += 1
+            if t_first is None:
+                t_first = time.perf_counter()
+        tg_stream.append((n - 1) / (time.perf_counter() - t_first))
+    placement = str(llm.placement)
+    llm.close()
+    return {"pp": statistics.mean(pp), "pp_sd": statistics.pstdev(pp),
+            "tg": statistics.mean(tg_gen), "tg_sd": statistics.pstdev(tg_gen),
+            "tg_stream": statistics.mean(tg_stream), "tg_stream_sd": statistics.pstdev(tg_stream),
+            "overhead_us_per_token": statistics.median(overhead) if overhead else None,
+            "placement": placement}
+
+
+def llama_cpp_python_bench(model: str, threads: int, n_gen: int, reps: int) -> dict | None:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(model, n_threads=threads, n_ctx=4096, verbose=False)
+    rates = []
+    for _ in range(reps):
+        llm.reset()
+        t_first, n = None, 0
+        for _ in llm.create_completion("The", max_tokens=n_gen, stream=True, temperature=0):
+            n += 1
+            if t_first is None:
+                t_first = time.perf_counter()
+        rates.append((n - 1) / (time.perf_counter() - t_first))
+    return {"tg_stream": statistics.mean(rates)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-m", "--model", default=None)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-p", "--n-prompt", type=int, default=512)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-r", "--reps", type=int, default=5)
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--ngl", default="auto", help="layers to offload (llama-bench gets 99 for 'auto')")
+    ap.add_argument("--device", default=None, help="llama-bench -dev value, e.g. CUDA0")
+    ap.add_argument("--bin", default=str(ROOT / "build" / "cmake" / "bin"))
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    from polyllama.models import default_model_path
+    model = args.model or str(default_model_path())
+    ngl = args.ngl if args.ngl == "auto" else int(args.ngl)
+    bench_ngl = 0 if args.backend == "cpu" else (99 if ngl == "auto" else ngl)
+    ref = llama_bench(Path(args.bin) / "llama-bench", model, args.threads, args.n_prompt, args.n_gen,
+                      args.reps, bench_ngl, args.device)
+    ours = polyllama_bench(model, args.threads, args.n_prompt, args.n_gen, args.reps, args.backend, ngl)
+    lcp = llama_cpp_python_bench(model, args.threads, args.n_gen, args.reps) if args.backend == "cpu" else None
+
+    pp, tg = f"pp{args.n_prompt}", f"tg{args.n_gen}"
+    print(f"# polyllama benchmark — {datetime.date.today()}, {platform.node()}, "
+          f"{Path(model).name}, {args.threads} threads, {ours['placement']}")
+    print(f"command: {' '.join(sys.argv)}\n")
+    print(f"| runner | {pp} t/s | {tg} t/s | {pp} vs llama-bench | {tg} vs llama-bench |")
+    print("|---|---|---|---|---|")
+    print(f"| llama-bench | {ref['pp']:.1f} ± {ref['pp_sd']:.1f} | {ref['tg']:.1f} ± {ref['tg_sd']:.1f} | 100% | 100% |")
+    print(f"| polyllama generate | {ours['pp']:.1f} ± {ours['pp_sd']:.1f} | {ours['tg']:.1f} ± {ours['tg_sd']:.1f} "
+          f"| {100 * ours['pp'] / ref['pp']:.1f}% | {100 * ours['tg'] / ref['tg']:.1f}% |")
+    print(f"| polyllama stream | — | {ours['tg_stream']:.1f} ± {ours['tg_stream_sd']:.1f} | — "
+          f"| {100 * ours['tg_stream'] / ref['tg']:.1f}% |")
+    if lcp:
+        print(f"| llama-cpp-python stream | — | {lcp['tg_stream']:.1f} | — | {100 * lcp['tg_stream'] / ref['tg']:.1f}% |")
+    if ours["overhead_us_per_token"] is not None:
+        print(f"\npolyllama per-token overhead outside llama_decode: {ours['overhead_us_per_token']:.1f} µs")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"llama_bench": ref, "polyllama": ours,
+                                               "llama_cpp_python": lcp, "args": vars(args)}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""`python -m polyllama` / `polyllama`: info, devices, run, chat, model.
+
+`run` and `chat` take llama.cpp's own flag spellings (-m -p -n -c -t --temp --top-k
+--top-p --seed -ngl --device --list-devices -sm -ts -mg) and default to the embedded
+SmolLM2 model when -m is absent.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _progress_bar(stream=sys.stderr):
+    """A loading progress callback drawing a one-line bar (llama.cpp's progress callback)."""
+    state = {"last": -1}
+
+    def cb(fraction: float) -> bool:
+        pct = int(fraction * 100)
+        if pct != state["last"]:
+            state["last"] = pct
+            filled = pct // 4
+            stream.write(f"\rloading model [{'#' * filled}{'.' * (25 - filled)}] {pct:3d}%")
+            if pct >= 100:
+                stream.write("\n")
+            stream.flush()
+        return True
+
+    return cb
+
+
+def _add_placement_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--backend", default=None, help="auto, cpu, cuda, hip, sycl, metal, vulkan, opencl, rpc")
+    p.add_argument("-dev", "--device", default=None,
+                   help="device(s), comma-separated: index, backend:N or ggml name (e.g. CUDA0)")
+    p.add_argument("--list-devices", action="store_true", help="list devices and exit")
+    p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", default="auto",
+                   help="layers to offload: 'auto' (fit to free memory), N, or -1 for all")
+    p.add_argument("-sm", "--split-mode", choices=("none", "layer", "row", "tensor"), default=None)
+    p.add_argument("-ts", "--tensor-split", default=None, help="proportions per device, e.g. 3,1")
+    p.add_argument("-mg", "--main-gpu", type=int, default=None, help="main device (index into --device)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size (0: the model's)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads")
+    p.add_argument("--no-fallback", action="store_true", help="fail instead of trying the next backend")
+    p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (-1: until done)")
+    p.add_argument("--temp", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("-s", "--seed", type=int, default=None)
+    p.add_argument("-r", "--reverse-prompt", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--grammar", default=None, help="GBNF grammar text")
+    p.add_argument("-j", "--json-schema", default=None, help="JSON schema constraining the output")
+
+
+def _device_arg(text):
+    if text is None:
+        return None
+    items = [int(x) if x.strip().lstrip("-").isdigit() else x.strip() for x in text.split(",") if x.strip()]
+    return items[0] if len(items) == 1 else items
+
+
+def _load(args):
+    from .info import set_log_level
+    from .llm import LLM
+    if args.verbose:
+        set_log_level("info")
+    ngl = args.n_gpu_layers
+    ngl = ngl if ngl == "auto" else int(ngl)
+    ts = [float(x) for x in args.tensor_split.split(",")] if args.tensor_split else None
+    dev = _device_arg(args.device)
+    main = None
+    if args.main_gpu is not None:
+        devs = dev if isinstance(dev, list) else ([dev] if dev is not None else None)
+        main = devs[args.main_gpu] if devs else args.main_gpu
+    return LLM(args.model, backend=args.backend, device=dev, n_gpu_layers=ngl,
+               split_mode=args.split_mode, tensor_split=ts, main_device=main,
+               fallback=not args.no_fallback, n_ctx=args.ctx_size, n_threads=args.threads,
+               progress=_progress_bar() if sys.stderr.isatty() or args.verbose else None)
+
+
+def _sampling(args):
+    from .sampling import SamplingParams
+    return SamplingParams(max_tokens=None if args.n_predict < 0 else args.n_predict,
+                          temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                          min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed,
+                          stop=tuple(args.reverse_prompt), grammar=args.grammar,
+                          json_schema=args.json_schema)
+
+
+def cmd_info(args) -> int:
+    from .devices import backend_summary
+    from .info import build_info
+    info = build_info()
+    if args.json:
+        from .devices import devices
+        info["devices"] = [d.__dict__ for d in devices()]
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"polyllama build: llama.cpp {info['llama_cpp_commit']} (pin llama-cpp-python "
+          f"{info['pin_sdist_version']}), ggml {info['ggml_version_runtime']}, "
+          f"{info['compiler']}, {info['build_type']}")
+    print(f"compiled backends: {', '.join(info['backends'])}")
+    print()
+    print(backend_summary())
+    return 0
+
+
+def cmd_devices(args) -> int:
+    from .devices import backend_summary
+    print(backend_summary())
+    return 0
+
+
+def cmd_run(args) -> int:
+    if args.list_devices:
+        return cmd_devices(args)
+    llm = _load(args)
+    print(f"[{llm.placement}]", file=sys.stderr)
+    params = _sampling(args)
+    prompt = args.prompt
+    if prompt is None:
+        prompt = sys.stdin.read()
+    sys.stdout.write(prompt)
+    holder = []
+    for piece in llm._stream_one(prompt, params, False, holder=holder):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    r = holder[0]
+    print(f"[{r.prompt_tokens} prompt tokens at {r.prompt_tokens_per_second:.1f} t/s, "
+          f"{r.generated_tokens} generated at {r.generation_tokens_per_second:.1f} t/s, "
+          f"finish: {r.finish_reason}]", file=sys.stderr)
+    llm.close()
+    return 0
+
+
+def cmd_chat(args) -> int:
+    if args.list_devices:
+        return cmd_devices(args)
+    llm = _load(args)
+    print(f"[{llm.placement}] type /exit or Ctrl-D to quit", file=sys.stderr)
+    params = _sampling(args)
+    history = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+    while True:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            print()
+            break
+        if line.strip() in ("/exit", "/quit"):
+            break
+        if not line.strip():
+            continue
+        history.append({"role": "user", "content": line})
+        reply = []
+        try:
+            for piece in llm.chat(history, params, stream=True):
+                reply.append(piece)
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            sys.stdout.write(" [interrupted]")
+        sys.stdout.write("\n")
+        history.append({"role": "assistant", "content": "".join(reply)})
+    llm.close()
+    return 0
+
+
+def cmd_model(args) -> int:
+    from .models import fetch_default_model
+    print(fetch_default_model())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="polyllama", description="llama.cpp on the device you choose")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("info", help="build information and every device found")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_info)
+    p = sub.add_parser("devices", help="backends and devices (✓/✗, memory, recommended backend)")
+    p.set_defaults(func=cmd_devices)
+    p = sub.add_parser("run", help="complete a prompt, streaming to the terminal")
+    _add_placement_args(p)
+    _add_sampling_args(p)
+    p.add_argument("-p", "--prompt", default=None, help="prompt (default: read stdin)")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("chat", help="interactive chat with history")
+    _add_placement_args(p)
+    _add_sampling_args(p)
+    p.add_argument("-sys", "--system", default=None, help="system message")
+    p.set_defaults(func=cmd_chat)
+    p = sub.add_parser("model", help="fetch the default model, print its path")
+    p.set_defaults(func=cmd_model)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from .errors import PolyllamaError
+    try:
+        return args.func(args)
+    except PolyllamaError as e:
+        print(f"polyllama: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Device discovery: which ggml devices and backends this build has, queried fresh each call.
+
+Backend names (cpu, cuda, hip, ...) and their ggml registry names come from
+polyllama.buildconfig.BACKENDS, the same table the build uses.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from . import buildconfig
+from ._extension import core
+
+# The order backend="auto" tries GPU backends in (docs/CHOOSING_A_DEVICE.md says why):
+# vendor-native backends first (CUDA, HIP, Metal: the fastest kernels for their hardware),
+# then the portable Vulkan, then SYCL and OpenCL, whose ggml backends cover fewer ops.
+AUTO_ORDER = ("cuda", "hip", "metal", "vulkan", "sycl", "opencl")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One ggml device as this process sees it now."""
+    index: int            # position in ggml's global device list (what llama.cpp uses)
+    name: str             # ggml device name, e.g. "CPU", "CUDA0", "Vulkan0"
+    description: str      # vendor's name of the device
+    backend: str          # polyllama backend name: cpu, cuda, hip, vulkan, ...
+    ordinal: int          # position among the devices of its backend ("cuda:1" -> 1)
+    type: str             # "CPU", "GPU", "iGPU" or "accelerator"
+    memory_free: int      # bytes
+    memory_total: int     # bytes
+    registry: str         # ggml registry name, e.g. "CUDA", "Vulkan"
+
+    @property
+    def spec(self) -> str:
+        """The device's spelling for LLM(device=...): "<backend>:<ordinal>"."""
+        return f"{self.backend}:{self.ordinal}"
+
+    @property
+    def is_offload_target(self) -> bool:
+        """Whether llama.cpp can place layers on it (the CPU and BLAS devices are not)."""
+        b = buildconfig.backend_by_name(self.backend)
+        return b is not None and b.offload
+
+
+def _backend_name(registry: str) -> str:
+    b = buildconfig.backend_by_registry(registry)
+    return b.name if b is not None else registry.lower()
+
+
+def devices() -> list[Device]:
+    """Every ggml device compiled into this build, with free/total memory queried now."""
+    out: list[Device] = []
+    ordinals: dict[str, int] = {}
+    for d in core.device_list():
+        backend = _backend_name(d["registry"])
+        ordinal = ordinals.get(backend, 0)
+        ordinals[backend] = ordinal + 1
+        out.append(Device(index=d["index"], name=d["name"], description=d["description"],
+                          backend=backend, ordinal=ordinal, type=d["type"],
+                          memory_free=d["memory_free"], memory_total=d["memory_total"],
+                          registry=d["registry"]))
+    return out
+
+
+@dataclass
+class BackendStatus:
+    """One backend polyllama knows, and whether this build can use it here."""
+    name: str
+    title: str
+    compiled: bool
+    devices: list[Device] = field(default_factory=list)
+    reason: str = ""      # why it is unusable ("" when usable)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def usable(self) -> bool:
+        return self.compiled and (bool(self.devices) or self.name in ("cpu", "rpc", "blas"))
+
+
+def _hidden_vulkan_cpu_devices() -> int:
+    """How many CPU-type Vulkan devices (e.g. lavapipe) ggml-vulkan is hiding.
+
+    ggml-vulkan skips CPU-type devices unless GGML_VK_VISIBLE_DEVICES is set; users then
+    see no Vulkan device at all. We ask vulkaninfo (vulkan-tools) to tell them why.
+    """
+    if os.environ.get("GGML_VK_VISIBLE_DEVICES"):
+        return 0
+    info = buildconfig.detect_vulkan()
+    return int(getattr(info, "cpu_type_devices", 0) or 0)
+
+
+def backends() -> list[BackendStatus]:
+    """Every backend polyllama knows: compiled in or not, its devices, why unusable."""
+    compiled = set(core.registries())
+    devs = devices()
+    out = []
+    for b in buildconfig.BACKENDS:
+        st = BackendStatus(name=b.name, title=b.title, compiled=b.registry in compiled,
+                           devices=[d for d in devs if d.backend == b.name])
+        if not st.compiled:
+            st.reason = (f"not compiled in: rebuild with `make {b.make_target}` or "
+                         f"`{b.flag}=1 pip install .`")
+        elif not st.devices and b.name not in ("cpu", "rpc", "blas"):
+            st.reason = "compiled in, no device found"
+            if b.name == "vulkan":
+                hidden = _hidden_vulkan_cpu_devices()
+                if hidden:
+                    st.reason = (f"Vulkan compiled in; {hidden} CPU-type device"
+                                 f"{'s' if hidden > 1 else ''} hidden, set GGML_VK_VISIBLE_DEVICES "
+                                 "to use it (e.g. GGML_VK_VISIBLE_DEVICES=0)")
+            elif b.name == "opencl":
+                st.reason += ("; ggml-opencl accepts only Adreno/Qualcomm and Intel GPUs "
+                              "with OpenCL C >= 2.0 and cl_khr_fp16")
+        if b.name == "vulkan" and st.devices and any(d.type == "CPU" for d in st.devices):
+            st.notes.append("a CPU-type Vulkan device (software rendering) is visible; "
+                            "backend='auto' does not pick it, backend='vulkan' does")
+        out.append(st)
+    return out
+
+
+def recommended_backend() -> str:
+    """The backend backend="auto" would try first here (ignoring memory fit)."""
+    for st in backends():
+        if st.name in AUTO_ORDER and st.usable and any(d.type != "CPU" for d in st.devices):
+            return st.name
+    return "cpu"
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def backend_summary() -> str:
+    """The text print_backend_summary() prints."""
+    lines = ["polyllama backends", ""]
+    for st in backends():
+        mark = "✓" if st.usable else "✗"
+        head = f"  {mark} {st.name:<7} {st.title}"
+        if st.usable and st.devices:
+            lines.append(head)
+            for d in st.devices:
+                lines.append(f"      [{d.index}] {d.spec:<9} {d.name:<10} {d.type:<11} "
+                             f"{_fmt_bytes(d.memory_free)} free / {_fmt_bytes(d.memory_total)}  "
+                             f"{d.description}")
+        elif st.usable:
+            lines.append(f"{head}  (compiled in)")
+        else:
+            lines.append(f"{head}  — {st.reason}")
+        for note in st.notes:
+            lines.append(f"      note: {note}")
+    lines += ["", f"  recommended backend: {recommended_backend()}"]
+    return "\n".join(lines)
+
+
+def print_backend_summary() -> None:
+    print(backend_summary())

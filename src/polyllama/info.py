@@ -1,0 +1,32 @@
+"""What this build of polyllama was compiled with, and llama.cpp's logging."""
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+from ._extension import core
+
+
+def build_info() -> dict:
+    """The llama.cpp commit, ggml version, backends, flags, compiler and build type.
+
+    Read from build_info.json, which CMake writes next to the extension when it is
+    built, plus what the loaded extension reports about itself at run time.
+    """
+    info = json.loads(resources.files(__package__).joinpath("build_info.json").read_text())
+    info["ggml_version_runtime"] = core.get_ggml_version()
+    info["ggml_commit_runtime"] = core.get_ggml_commit()
+    info["registries"] = core.registries()
+    info["system_info"] = core.system_info()
+    return info
+
+
+def set_log_level(level: str) -> None:
+    """Echo llama.cpp's log lines at or above `level` to stderr.
+
+    One of "debug", "info", "warning", "error" (the default) or "none". Independently
+    of this, warnings and errors are kept and attached to exceptions (`err.log`).
+    """
+    if level not in core.LOG_LEVELS:
+        raise ValueError(f"unknown log level {level!r}; use one of {', '.join(core.LOG_LEVELS)}")
+    core.set_log_level(level)

@@ -1,0 +1,696 @@
+"""LLM: a model loaded on the device of your choice, with generate / stream / chat / embed.
+
+    llm = LLM("model.gguf", backend="auto")          # or "cpu", "cuda", device="cuda:1", ...
+    llm.generate("The capital of France is", max_tokens=16).text
+    for piece in llm.stream("Once upon a time", max_tokens=64): print(piece, end="")
+    llm.chat([{"role": "user", "content": "Hi!"}]).text
+    llm.generate(["prompt 1", "prompt 2"])             # decoded in parallel, results in order
+
+Thread safety: one LLM serializes its calls with a lock; calls from several threads
+wait for each other (a stream holds the lock until it is exhausted or closed).
+"""
+from __future__ import annotations
+
+import codecs
+import json
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+from ._extension import core
+from .errors import (ConflictingArgumentsError, ContextError, ContextOverflowError, GrammarError,
+                     InsufficientMemoryError, ModelLoadError, PolyllamaError)
+from .models import default_model_path
+from .placement import (DEFAULT_MARGIN, Candidate, Placement, model_params, resolve_candidates)
+from .sampling import SamplingParams, build_sampler
+
+log = logging.getLogger("polyllama")
+
+
+@dataclass
+class GenerationResult:
+    """The outcome of one generation."""
+    text: str
+    tokens: list[int]
+    finish_reason: str                     # "stop", "length" or "cancelled"
+    prompt_tokens: int
+    generated_tokens: int
+    time_to_first_token: float             # seconds, prompt processing included
+    prompt_tokens_per_second: float
+    generation_tokens_per_second: float
+    logprobs: list[list[tuple[int, float]]] | None = None   # per step: top n_probs (token, logprob)
+    message: dict | None = None            # chat(): the parsed assistant message
+
+    @property
+    def stats(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
+                "time_to_first_token": self.time_to_first_token,
+                "prompt_tokens_per_second": self.prompt_tokens_per_second,
+                "generation_tokens_per_second": self.generation_tokens_per_second}
+
+
+class _TextAssembler:
+    """Bytes of token pieces in, whole UTF-8 text out; cuts at stop strings.
+
+    Text that might be the start of a stop string is held back until it is known not to
+    be one, so a stop string split over several tokens is never emitted.
+    """
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = tuple(stops)
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""          # everything decoded so far (cut at a stop once found)
+        self.emitted = 0        # how much of self.text was handed out
+        self.stopped = False
+
+    def _held_back(self) -> int:
+        """Length of the longest suffix of text that is a proper prefix of a stop string."""
+        best = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(self.text)), best, -1):
+                if self.text.endswith(s[:k]):
+                    best = k
+                    break
+        return best
+
+    def feed(self, piece: bytes) -> str:
+        new = self.decoder.decode(piece)
+        if not new:
+            return ""
+        start = max(0, len(self.text) - max((len(s) for s in self.stops), default=0))
+        self.text += new
+        for s in self.stops:
+            i = self.text.find(s, start)
+            if i >= 0 and not self.stopped:
+                self.text = self.text[:i]
+                self.stopped = True
+        if self.stopped:
+            return self._flush()
+        safe = len(self.text) - self._held_back()
+        out = self.text[self.emitted:safe]
+        self.emitted = max(self.emitted, safe)
+        return out
+
+    def _flush(self) -> str:
+        out = self.text[self.emitted:]
+        self.emitted = len(self.text)
+        return out
+
+    def finish(self) -> str:
+        if not self.stopped:
+            self.text += self.decoder.decode(b"", final=True)
+        return self._flush()
+
+
+class _Run:
+    """State of one generation: counters and timings, filled while tokens are produced."""
+
+    def __init__(self, n_prompt: int):
+        self.n_prompt = n_prompt
+        self.tokens: list[int] = []
+        self.logprobs: list | None = None
+        self.finish_reason = "length"
+        self.t_start = time.perf_counter()
+        self.t_first = None
+        self.t_end = None
+
+    def result(self, text: str) -> GenerationResult:
+        t_end = self.t_end or time.perf_counter()
+        t_first = self.t_first or t_end
+        n_gen = len(self.tokens)
+        pp = t_first - self.t_start
+        tg = t_end - t_first
+        return GenerationResult(
+            text=text, tokens=list(self.tokens), finish_reason=self.finish_reason,
+            prompt_tokens=self.n_prompt, generated_tokens=n_gen, time_to_first_token=pp,
+            prompt_tokens_per_second=self.n_prompt / pp if pp > 0 else 0.0,
+            generation_tokens_per_second=(n_gen - 1) / tg if n_gen > 1 and tg > 0 else 0.0,
+            logprobs=self.logprobs)
+
+
+class Tokenizer:
+    """Only the vocabulary of a GGUF file (no weights are loaded): tokenize / detokenize."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        if not os.path.isfile(self.path):
+            raise ModelLoadError(f"model file not found: {self.path}")
+        self._model = core.Model(self.path, core.ModelParams(devices=[], n_gpu_layers=0, vocab_only=True))
+
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self._model.tokenize(_utf8(text), add_special, parse_special)
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        return self._model.detokenize(_token_list(tokens), False, special).decode("utf-8", "replace")
+
+    def close(self) -> None:
+        self._model.close()
+
+
+def _utf8(text) -> bytes:
+    if isinstance(text, str):
+        return text.encode("utf-8", "surrogatepass")
+    if isinstance(text, (bytes, bytearray)):
+        return bytes(text)
+    raise TypeError(f"text must be str or bytes, not {type(text).__name__}")
+
+
+def _token_list(tokens) -> list[int]:
+    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__iter__"):
+        raise TypeError("tokens must be a sequence of ints")
+    tokens = list(tokens)
+    for t in tokens:
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise TypeError(f"token ids must be ints, got {t!r}")
+    return tokens
+
+
+class LLM:
+    """A GGUF model loaded onto the chosen device(s), with one context.
+
+    model: path of a .gguf file; None loads the embedded default (SmolLM2-135M-Instruct).
+    backend: "auto" (default, or $POLYLLAMA_BACKEND), "cpu", "cuda", "hip", "sycl", "metal",
+        "vulkan", "opencl", "rpc". "cpu" means no offload at all.
+    device: an int (ggml device index), "cuda:1", a ggml device name ("Vulkan0"), or a
+        list of them to spread the model over several devices ($POLYLLAMA_DEVICE).
+    n_gpu_layers: "auto" fits the layers to free device memory with llama.cpp's
+        common_fit_params (as `llama-cli -fit`); an int offloads that many (-1: all).
+    split_mode / tensor_split / main_device: how layers are spread over several devices.
+    fallback: with backend="auto", try the next backend when one does not fit or fails.
+    n_ctx: context size in tokens (0: the model's training context, fitted to memory).
+    n_seq_max: how many prompts generate([...]) decodes in parallel.
+    progress: callable(fraction) called while the model loads; return False to abort.
+    """
+
+    def __init__(self, model: str | os.PathLike | None = None, *, backend: str | None = None,
+                 device=None, n_gpu_layers: int | str = "auto", split_mode: str | None = None,
+                 tensor_split: Sequence[float] | None = None, main_device=None,
+                 fallback: bool = True, n_ctx: int = 4096, n_batch: int = 2048,
+                 n_ubatch: int = 512, n_threads: int | None = None,
+                 n_threads_batch: int | None = None, n_seq_max: int = 8,
+                 flash_attn: str = "auto", memory_margin: int = DEFAULT_MARGIN,
+                 progress: Callable[[float], Any] | None = None, chat_template: str | None = None):
+        self._lock = threading.RLock()
+        self._model = None
+        self._ctx = None
+        self._embed_ctx = None
+        self._cancel = False
+        self._cached: list[int] = []   # tokens of sequence 0 currently in the KV cache
+        path = default_model_path() if model is None else model
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"model must be a path, not {type(path).__name__}")
+        self.model_path = os.fspath(path)
+        if not os.path.isfile(self.model_path):
+            raise ModelLoadError(f"model file not found: {self.model_path}")
+        for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch),
+                        ("n_seq_max", n_seq_max)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name} must be an int, not {v!r}")
+        if n_ctx < 0 or n_ctx > (1 << 24):
+            raise ValueError(f"n_ctx must be between 0 and {1 << 24}, got {n_ctx}")
+        if n_batch < 1 or n_ubatch < 1 or not (1 <= n_seq_max <= 256):
+            raise ValueError("n_batch and n_ubatch must be >= 1, n_seq_max between 1 and 256")
+        if flash_attn not in ("auto", "on", "off"):
+            raise ValueError(f"flash_attn must be 'auto', 'on' or 'off', not {flash_attn!r}")
+        if progress is not None and not callable(progress):
+            raise TypeError("progress must be callable(fraction)")
+        threads = n_threads if n_threads is not None else (os.cpu_count() or 4)
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"n_threads must be a positive int, got {n_threads!r}")
+        self._chat_template = chat_template or ""
+        self._cparams = dict(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
+                             n_threads=threads, n_threads_batch=n_threads_batch or threads,
+                             flash_attn=flash_attn)
+
+        candidates, skipped = resolve_candidates(backend, device, n_gpu_layers, split_mode,
+                                                 tensor_split, main_device)
+        for reason in skipped:
+            log.info("polyllama: skipped %s", reason)
+        last_error: Exception | None = None
+        for i, cand in enumerate(candidates):
+            is_last = i == len(candidates) - 1
+            try:
+                self._load(cand, memory_margin, progress, skipped)
+                break
+            except (InsufficientMemoryError, ModelLoadError, ContextError) as e:
+                if not fallback or is_last:
+                    raise
+                last_error = e
+                reason = f"{cand.backend} ({cand.describe()}): {e}"
+                skipped.append(reason)
+                log.warning("polyllama: %s; trying the next candidate", reason)
+        else:  # pragma: no cover - the loop always breaks or raises
+            raise last_error or PolyllamaError("no candidate placement")
+
+    # ---- loading ------------------------------------------------------------------------
+    def _load(self, cand: Candidate, margin: int, progress, skipped: list[str]) -> None:
+        mp = model_params(cand)
+        cp = core.ContextParams(**self._cparams)
+        fitted = False
+        if cand.devices and cand.n_gpu_layers == "auto":
+            status = core.fit_params(self.model_path, mp, cp, [margin] * len(cand.devices),
+                                     n_ctx_min=min(self._cparams["n_ctx"] or 4096, 4096))
+            if status != "success":
+                est = core.estimate_memory(self.model_path, model_params(cand), cp)
+                needed = {r["device"]: r["model"] + r["context"] + r["compute"] for r in est["devices"]}
+                free = {r["device"]: r["free"] for r in est["devices"]}
+                raise InsufficientMemoryError(
+                    "the model does not fit in free device memory: "
+                    + ", ".join(f"{d} needs {needed[d] / 2**20:.0f} MiB, has {free[d] / 2**20:.0f} MiB free"
+                                for d in needed if d != "Host"), needed=needed, free=free)
+            fitted = True
+        model = core.Model(self.model_path, mp, progress)
+        try:
+            ctx = core.Context(model, cp)
+        except BaseException:
+            model.close()
+            raise
+        self._model, self._ctx = model, ctx
+        mem = ctx.memory()
+        n_layers = model.n_layer + 1
+        ngl = mp.n_gpu_layers
+        ngl = 0 if not cand.devices else (n_layers if ngl < 0 else min(ngl, n_layers))
+        used = [r["device"] for r in mem[:-1] if r["model"] > 0]
+        self.placement = Placement(backend=cand.backend if ngl > 0 else "cpu",
+                                   devices=used if ngl > 0 and used else ["CPU"],
+                                   n_gpu_layers=ngl, n_layers=n_layers, memory=mem,
+                                   skipped=list(skipped), fitted=fitted)
+        log.info("polyllama: %s", self.placement)
+
+    # ---- lifetime -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the context(s) and the model (device memory too). Idempotent."""
+        with self._lock:
+            if self._embed_ctx is not None:
+                self._embed_ctx[1].close()
+            if self._ctx is not None:
+                self._ctx.close()
+            if self._model is not None:
+                self._model.close()
+            self._embed_ctx = self._ctx = self._model = None
+            self._cached = []
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _require(self):
+        if self._ctx is None:
+            raise PolyllamaError("this LLM is closed")
+        return self._ctx
+
+    def cancel(self) -> None:
+        """Stop the generation running in another thread; it ends with finish_reason="cancelled"."""
+        self._cancel = True
+        ctx = self._ctx
+        if ctx is not None:
+            ctx.cancel_requested = True
+
+    # ---- facts --------------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return self._require().n_ctx
+
+    @property
+    def metadata(self) -> dict:
+        """Architecture, parameters, training context, vocabulary, chat template, quantization."""
+        self._require()
+        m = self._model
+        meta = m.metadata()
+        return {
+            "architecture": meta.get("general.architecture", ""),
+            "name": meta.get("general.name", ""),
+            "description": m.description(),
+            "n_params": m.n_params,
+            "size_bytes": m.size,
+            "n_ctx_train": m.n_ctx_train,
+            "n_layer": m.n_layer,
+            "n_embd": m.n_embd,
+            "n_head": m.n_head,
+            "n_vocab": m.n_vocab,
+            "chat_template": m.chat_template(),
+            "quantization": m.description().split()[-1] if m.description() else "",
+            "file_type": meta.get("general.file_type", ""),
+            "gguf": meta,
+        }
+
+    # ---- tokens -------------------------------------------------------------------------
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of text (str, or bytes taken as UTF-8)."""
+        self._require()
+        return self._model.tokenize(_utf8(text), add_special, parse_special)
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        """Text of token ids (invalid UTF-8 across token boundaries is replaced)."""
+        self._require()
+        return self._model.detokenize(_token_list(tokens), False, special).decode("utf-8", "replace")
+
+    def _prompt_tokens(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("the prompt is empty")
+            return self._model.tokenize(prompt.encode("utf-8", "surrogatepass"), True, True)
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+        if prompt is None:
+            raise TypeError("prompt must be a string (or a list of token ids), not None")
+        raise TypeError(f"prompt must be a non-empty string or list of token ids, not {type(prompt).__name__}")
+
+    # ---- generation ---------------------------------------------------------------------
+    def _grammar_for(self, params: SamplingParams) -> str | None:
+        schema = params.schema_text()
+        if schema is not None:
+            return core.json_schema_to_grammar(schema)
+        return params.grammar
+
+    def _fit_prompt(self, tokens: list[int], params: SamplingParams, truncate: bool, n_ctx: int) -> list[int]:
+        if len(tokens) < n_ctx:
+            return tokens
+        if not truncate:
+            raise ContextOverflowError(
+                f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}; "
+                "use a larger n_ctx, a shorter prompt, or truncate=True")
+        keep = n_ctx - min(params.max_tokens or 1, n_ctx // 2)
+        head = tokens[:1] if self._model.add_bos and tokens and tokens[0] == self._model.token_bos else []
+        return head + tokens[len(tokens) - (keep - len(head)):]
+
+    def _iter_tokens(self, prompt_tokens: list[int], params: SamplingParams, run: _Run,
+                     grammar: str | None, lazy_patterns=None, prefill=()) -> Iterator[int]:
+        """Decode the prompt (reusing the cached prefix) and yield sampled tokens."""
+        ctx, model = self._ctx, self._model
+        n_ctx = ctx.n_ctx
+        sampler = build_sampler(core, model, params, grammar, lazy_patterns, prefill)
+        try:
+            # reuse the longest common prefix already in the KV cache
+            common = 0
+            cached = self._cached
+            limit = min(len(cached), len(prompt_tokens) - 1)
+            while common < limit and cached[common] == prompt_tokens[common]:
+                common += 1
+            self._cached = []
+            if common < len(cached):
+                if not ctx.seq_rm(0, common, -1):
+                    ctx.clear()
+                    common = 0
+            ctx.cancel_requested = False
+            idx = ctx.decode(prompt_tokens[common:], 0, common)
+            self._cached = list(prompt_tokens)
+            pos = len(prompt_tokens)
+            max_tokens = params.max_tokens or (1 << 30)
+            eog = model.is_eog
+            while True:
+                if self._cancel:
+                    run.finish_reason = "cancelled"
+                    return
+                tok = sampler.sample(ctx, idx)
+                if params.n_probs:
+                    run.logprobs.append(ctx.top_logprobs(idx, params.n_probs))
+                if run.t_first is None:
+                    run.t_first = time.perf_counter()
+                if eog(tok) and not params.ignore_eos:
+                    run.finish_reason = "stop"
+                    return
+                run.tokens.append(tok)
+                yield tok
+                if len(run.tokens) >= max_tokens or pos >= n_ctx:
+                    run.finish_reason = "length"
+                    return
+                ctx.decode_one(tok, pos)
+                self._cached.append(tok)
+                pos += 1
+                idx = 0
+        except core.Cancelled:
+            # an aborted decode may have written part of its batch: forget the cache
+            run.finish_reason = "cancelled"
+            self._forget_cache()
+        except GeneratorExit:
+            raise   # the consumer stopped early: the cache still matches self._cached
+        except BaseException:
+            self._forget_cache()   # e.g. Ctrl-C or a failed decode: state unknown
+            raise
+        finally:
+            run.t_end = time.perf_counter()
+            sampler.close()
+
+    def _forget_cache(self) -> None:
+        self._cached = []
+        if self._ctx is not None:
+            self._ctx.clear()
+
+    def _stream_one(self, prompt, params: SamplingParams, truncate: bool, grammar: str | None = None,
+                    lazy_patterns=None, holder: list | None = None, prefill=()) -> Iterator[str]:
+        with self._lock:
+            self._require()
+            self._cancel = False
+            tokens = self._fit_prompt(self._prompt_tokens(prompt), params, truncate, self._ctx.n_ctx)
+            if grammar is None:
+                grammar = self._grammar_for(params)
+            run = _Run(len(tokens))
+            if params.n_probs:
+                run.logprobs = []
+            asm = _TextAssembler(params.stop)
+            piece = self._model.token_to_piece
+            for tok in self._iter_tokens(tokens, params, run, grammar, lazy_patterns, prefill):
+                out = asm.feed(piece(tok))
+                if out:
+                    yield out
+                if asm.stopped:
+                    run.finish_reason = "stop"
+                    break
+            out = asm.finish()
+            if out:
+                yield out
+            if holder is not None:
+                holder.append(run.result(asm.text))
+
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None, *,
+               truncate: bool = False, **kwargs) -> Iterator[str]:
+        """Yield the generated text piece by piece as tokens arrive (whole characters only)."""
+        params = SamplingParams.from_kwargs(params, **kwargs)
+        self._require()
+        return self._stream_one(prompt, params, truncate)
+
+    def generate(self, prompt, params: SamplingParams | None = None, *, truncate: bool = False,
+                 **kwargs):
+        """Complete a prompt (str or token ids), or a list of prompts decoded in parallel.
+
+        Returns a GenerationResult, or a list of them in input order for a list of prompts.
+        Keyword arguments are SamplingParams fields (max_tokens=16, temperature=0.7, ...).
+        """
+        params = SamplingParams.from_kwargs(params, **kwargs)
+        self._require()
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, str) for p in prompt):
+            return self._generate_batch(list(prompt), params, truncate)
+        if isinstance(prompt, (list, tuple)) and not prompt:
+            raise ValueError("the prompt list is empty")
+        holder: list[GenerationResult] = []
+        for _ in self._stream_one(prompt, params, truncate, holder=holder):
+            pass
+        return holder[0]
+
+    def _generate_batch(self, prompts: list[str], params: SamplingParams, truncate: bool) -> list[GenerationResult]:
+        """Many prompts in one context, one sequence each, one multi-sequence batch per step."""
+        with self._lock:
+            ctx, model = self._ctx, self._model
+            self._cancel = False
+            ctx.cancel_requested = False
+            width = ctx.n_seq_max
+            n_ctx = ctx.n_ctx
+            grammar = self._grammar_for(params)
+            results: list[GenerationResult] = []
+            for start in range(0, len(prompts), width):
+                group = prompts[start:start + width]
+                results.extend(self._batch_group(ctx, model, group, params, truncate, grammar, n_ctx))
+            return results
+
+    def _batch_group(self, ctx, model, prompts, params, truncate, grammar, n_ctx):
+        ctx.clear()
+        self._cached = []
+        toks = [self._prompt_tokens(p) for p in prompts]
+        budget = n_ctx // len(prompts)   # the unified KV cache is shared by the sequences
+        toks = [self._fit_prompt(t, params, truncate, budget) for t in toks]
+        runs = [_Run(len(t)) for t in toks]
+        asms = [_TextAssembler(params.stop) for _ in toks]
+        samplers = []
+        try:
+            for i, t in enumerate(toks):
+                p = params if params.seed is None else SamplingParams.from_kwargs(params, seed=params.seed + i)
+                samplers.append(build_sampler(core, model, p, grammar))
+            pending: dict[int, int] = {}   # seq -> token to decode next
+            pos = [len(t) for t in toks]
+            max_tokens = params.max_tokens or (1 << 30)
+            piece = model.token_to_piece
+            try:
+                for i, t in enumerate(toks):
+                    idx = ctx.decode(t, i, 0)
+                    tok = samplers[i].sample(ctx, idx)
+                    runs[i].t_first = time.perf_counter()
+                    self._accept(i, tok, runs, asms, pending, params, model, piece, max_tokens, pos, budget)
+                while pending:
+                    if self._cancel:
+                        for i in pending:
+                            runs[i].finish_reason = "cancelled"
+                        break
+                    order = sorted(pending)
+                    ctx.decode_multi([pending[i] for i in order], [pos[i] for i in order], order,
+                                     [True] * len(order))
+                    for i in order:
+                        pos[i] += 1
+                    nxt = {}
+                    for b, i in enumerate(order):
+                        tok = samplers[i].sample(ctx, b)
+                        self._accept(i, tok, runs, asms, nxt, params, model, piece, max_tokens, pos, budget)
+                    pending = nxt
+            except core.Cancelled:
+                for r in runs:
+                    if r.t_end is None:
+                        r.finish_reason = "cancelled"
+            now = time.perf_counter()
+            out = []
+            for r, a in zip(runs, asms):
+                r.t_end = r.t_end or now
+                a.finish()
+                out.append(r.result(a.text))
+            return out
+        finally:
+            for s in samplers:
+                s.close()
+            ctx.clear()
+
+    @staticmethod
+    def _accept(i, tok, runs, asms, pending, params, model, piece, max_tokens, pos, budget):
+        r = runs[i]
+        if model.is_eog(tok) and not params.ignore_eos:
+            r.finish_reason, r.t_end = "stop", time.perf_counter()
+            return
+        r.tokens.append(tok)
+        asms[i].feed(piece(tok))
+        if asms[i].stopped:
+            r.finish_reason, r.t_end = "stop", time.perf_counter()
+        elif len(r.tokens) >= max_tokens or pos[i] >= budget:
+            r.finish_reason, r.t_end = "length", time.perf_counter()
+        else:
+            pending[i] = tok
+
+    # ---- chat ---------------------------------------------------------------------------
+    def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
+                            add_generation_prompt: bool = True, json_schema: str = "") -> dict:
+        """The prompt (and grammar) llama.cpp's chat code makes of OpenAI-style messages."""
+        self._require()
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...}")
+        for m in messages:
+            if not isinstance(m, dict) or "role" not in m:
+                raise ValueError(f"each message needs a 'role' (and usually 'content'): {m!r}")
+        return self._model.apply_chat_template(json.dumps(messages), json.dumps(tools) if tools else "",
+                                               json_schema, add_generation_prompt, self._chat_template)
+
+    def _generation_prompt_tokens(self, chat: dict) -> list[int]:
+        """Tokens of the template's generation prompt, which libcommon's output grammars
+        expect first (as llama.cpp's common sampler feeds them to its grammar)."""
+        gp = chat["generation_prompt"]
+        if not gp:
+            return []
+        toks = self._model.tokenize(gp.encode("utf-8"), False, True)
+        if toks and self._model.token_to_piece(toks[0], True)[:1].isspace() and not gp[:1].isspace():
+            toks = toks[1:]   # some tokenizers add a space before the first special token
+        return toks
+
+    def chat(self, messages: list[dict], params: SamplingParams | None = None, *, stream: bool = False,
+             tools: list[dict] | None = None, response_format: dict | None = None, **kwargs):
+        """Answer OpenAI-style messages using the model's own chat template.
+
+        response_format={"type": "json_object"} or {"type": "json_schema", "json_schema":
+        {"schema": {...}}} constrains the reply with a grammar made by llama.cpp.
+        Returns a GenerationResult whose .message is the parsed assistant message
+        (content, tool_calls), or with stream=True an iterator of text pieces.
+        """
+        params = SamplingParams.from_kwargs(params, **kwargs)
+        schema = ""
+        if response_format is not None:
+            kind = response_format.get("type") if isinstance(response_format, dict) else None
+            if kind == "json_object":
+                schema = json.dumps(response_format.get("schema") or {"type": "object"})
+            elif kind == "json_schema":
+                js = response_format.get("json_schema") or {}
+                schema = json.dumps(js.get("schema", js) if isinstance(js, dict) else js)
+            elif kind != "text":
+                raise ValueError("response_format type must be 'text', 'json_object' or 'json_schema'")
+        with self._lock:
+            chat = self.apply_chat_template(messages, tools=tools, json_schema=schema)
+            grammar = chat["grammar"] or (core.json_schema_to_grammar(schema) if schema else None)
+            if grammar is None:
+                grammar = self._grammar_for(params)
+            stops = tuple(params.stop) + tuple(s for s in chat["additional_stops"] if s)
+            p = SamplingParams.from_kwargs(params, stop=stops, grammar=None, json_schema=None)
+            lazy = chat["grammar_triggers"] if chat["grammar_lazy"] else None
+            prefill = self._generation_prompt_tokens(chat) if chat["grammar"] and not lazy else ()
+            if stream:
+                return self._stream_one(chat["prompt"], p, False, grammar, lazy, prefill=prefill)
+            holder: list[GenerationResult] = []
+            for _ in self._stream_one(chat["prompt"], p, False, grammar, lazy, holder=holder, prefill=prefill):
+                pass
+            res = holder[0]
+            try:
+                res.message = core.parse_chat_reply(chat["format"], chat["generation_prompt"],
+                                                    chat["parser"], res.text)
+            except PolyllamaError:
+                res.message = {"role": "assistant", "content": res.text}
+            res.message.setdefault("role", "assistant")
+            return res
+
+    # ---- embeddings ---------------------------------------------------------------------
+    def embed(self, texts: str | Sequence[str], *, pooling: str = "mean", normalize: bool = True):
+        """Embeddings of texts from the loaded model's last hidden state.
+
+        For a causal LM (like the default model) "mean" (average over tokens) or "last"
+        (the final token) are the meaningful poolings; "cls" takes the first token.
+        Returns one list of floats for a str, a list of them for a list of str.
+        """
+        single = isinstance(texts, str)
+        items = [texts] if single else list(texts)
+        if not items or not all(isinstance(t, str) and t for t in items):
+            raise ValueError("texts must be a non-empty string or list of non-empty strings")
+        if pooling not in ("mean", "last", "cls"):
+            raise ValueError(f"pooling must be 'mean', 'last' or 'cls', not {pooling!r}")
+        with self._lock:
+            self._require()
+            key = pooling
+            if self._embed_ctx is None or self._embed_ctx[0] != key:
+                if self._embed_ctx is not None:
+                    self._embed_ctx[1].close()
+                n = max(512, self._cparams["n_ubatch"])
+                cp = core.ContextParams(n_ctx=min(self._cparams["n_ctx"] or 4096, 4096), n_batch=n,
+                                        n_ubatch=n, n_threads=self._cparams["n_threads"],
+                                        embeddings=True, pooling=pooling)
+                self._embed_ctx = (key, core.Context(self._model, cp))
+            ectx = self._embed_ctx[1]
+            out = []
+            for t in items:
+                toks = self._model.tokenize(t.encode("utf-8", "surrogatepass"), True, False)
+                if len(toks) > ectx.n_ubatch:
+                    raise ContextOverflowError(f"text of {len(toks)} tokens exceeds the embedding batch of {ectx.n_ubatch}")
+                ectx.clear()
+                ectx.decode(toks, 0, 0, logits_all=False)
+                v = ectx.embeddings(0)
+                if normalize:
+                    norm = math.sqrt(sum(x * x for x in v)) or 1.0
+                    v = [x / norm for x in v]
+                out.append(v)
+            return out[0] if single else out
+
+    def __repr__(self) -> str:
+        where = getattr(self, "placement", None)
+        return f"LLM({self.model_path!r}, {where})" if where else f"LLM({self.model_path!r}, closed)"

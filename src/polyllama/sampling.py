@@ -1,0 +1,155 @@
+"""SamplingParams: how the next token is chosen. The sampling itself runs in llama.cpp's
+sampler chain (llama_sampler_chain_*), built here in llama.cpp's own stage order."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping, Sequence
+
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+
+
+@dataclass
+class SamplingParams:
+    """Parameters of one generation. The defaults decode greedily (temperature 0).
+
+    max_tokens: tokens to generate at most (None: until the context is full).
+    temperature: 0 picks the most likely token (greedy); > 0 samples.
+    top_k / top_p / min_p / typical_p: truncation before sampling (0 / 1.0 / 0.0 / 1.0 disable).
+    repeat_penalty / presence_penalty / frequency_penalty over the last `repeat_last_n` tokens.
+    seed: for sampling with temperature > 0; None draws a random seed.
+    stop: strings that end the generation (not included in the text).
+    logit_bias: {token id: bias added to its logit}.
+    grammar: a GBNF grammar constraining the output; json_schema: a JSON schema (dict or
+    JSON text) turned into a grammar by llama.cpp's json_schema_to_grammar.
+    n_probs: also return the n most likely tokens and their log-probabilities per step.
+    ignore_eos: keep generating past end-of-generation tokens.
+    """
+    max_tokens: int | None = 128
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: Sequence[str] = field(default_factory=tuple)
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    grammar: str | None = None
+    json_schema: Any = None
+    n_probs: int = 0
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        self.validate()
+
+    @classmethod
+    def from_kwargs(cls, params: "SamplingParams | None" = None, **kwargs) -> "SamplingParams":
+        """params with kwargs applied on top (kwargs alone build a new one)."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown sampling parameter(s) {', '.join(unknown)}; "
+                            f"known: {', '.join(sorted(names))}")
+        if params is None:
+            return cls(**kwargs)
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, not {type(params).__name__}")
+        base = {f.name: getattr(params, f.name) for f in fields(cls)}
+        base.update(kwargs)
+        return cls(**base)
+
+    def validate(self) -> None:
+        def num(name, lo=None, hi=None, integer=False):
+            v = getattr(self, name)
+            ok_types = (int,) if integer else (int, float)
+            if isinstance(v, bool) or not isinstance(v, ok_types) or (not integer and not math.isfinite(v)):
+                raise TypeError(f"{name} must be {'an int' if integer else 'a finite number'}, not {v!r}")
+            if lo is not None and v < lo:
+                raise ValueError(f"{name} must be >= {lo}, got {v}")
+            if hi is not None and v > hi:
+                raise ValueError(f"{name} must be <= {hi}, got {v}")
+
+        if self.max_tokens is not None:
+            num("max_tokens", 1, 1 << 24, integer=True)
+        num("temperature", 0.0)
+        num("top_k", 0, integer=True)
+        num("top_p", 0.0, 1.0)
+        num("min_p", 0.0, 1.0)
+        num("typical_p", 0.0, 1.0)
+        num("repeat_penalty", 0.0)
+        num("repeat_last_n", -1, integer=True)
+        num("presence_penalty")
+        num("frequency_penalty")
+        num("n_probs", 0, 100, integer=True)
+        if self.seed is not None:
+            num("seed", 0, 0xFFFFFFFF, integer=True)
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
+        self.stop = tuple(self.stop)
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+        if not isinstance(self.logit_bias, Mapping):
+            raise TypeError("logit_bias must be a mapping {token id: bias}")
+        for k, v in self.logit_bias.items():
+            if isinstance(k, bool) or not isinstance(k, int) or not isinstance(v, (int, float)):
+                raise TypeError(f"logit_bias entries must be int -> float, got {k!r}: {v!r}")
+        if self.grammar is not None and not isinstance(self.grammar, str):
+            raise TypeError("grammar must be a GBNF string")
+        if self.grammar is not None and self.json_schema is not None:
+            raise ValueError("give grammar or json_schema, not both")
+        if self.json_schema is not None and not isinstance(self.json_schema, (str, dict, bool)):
+            raise TypeError("json_schema must be a dict or JSON text")
+
+    def schema_text(self) -> str | None:
+        if self.json_schema is None:
+            return None
+        if isinstance(self.json_schema, str):
+            try:
+                json.loads(self.json_schema)
+            except ValueError as e:
+                from .errors import GrammarError
+                raise GrammarError(f"json_schema is not valid JSON: {e}") from None
+            return self.json_schema
+        return json.dumps(self.json_schema)
+
+
+def build_sampler(core, model, params: SamplingParams, grammar: str | None = None,
+                  lazy_patterns: Sequence[str] | None = None, grammar_prefill: Sequence[int] = ()):
+    """A llama.cpp sampler chain for params: bias, penalties, grammar, truncation, pick.
+
+    The stage order follows llama.cpp's common sampler. `grammar` (already GBNF) overrides
+    params.grammar; it comes from json_schema or from a chat template's tool grammar.
+    """
+    s = core.Sampler(model)
+    if params.logit_bias:
+        s.add_logit_bias(dict(params.logit_bias))
+    if params.ignore_eos:
+        eog = [t for t in (model.token_eos,) if t >= 0]
+        s.add_logit_bias({t: -math.inf for t in eog})
+    if (params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty) \
+            and params.repeat_last_n != 0:
+        s.add_penalties(params.repeat_last_n, params.repeat_penalty, params.frequency_penalty,
+                        params.presence_penalty)
+    g = grammar if grammar is not None else params.grammar
+    if g:
+        s.add_grammar(g, "root", lazy_patterns, grammar_prefill)
+    if params.temperature <= 0:
+        s.add_greedy()
+        return s
+    if params.top_k > 0:
+        s.add_top_k(params.top_k)
+    if params.typical_p < 1.0:
+        s.add_typical(params.typical_p)
+    if params.top_p < 1.0:
+        s.add_top_p(params.top_p)
+    if params.min_p > 0.0:
+        s.add_min_p(params.min_p)
+    s.add_temp(params.temperature)
+    s.add_dist(LLAMA_DEFAULT_SEED if params.seed is None else params.seed)
+    return s

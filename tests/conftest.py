@@ -1,0 +1,52 @@
+"""Shared fixtures: the real default model, one CPU LLM per session, llama.cpp's own tools.
+
+Nothing here is mocked: tests run the compiled extension on SmolLM2-135M-Instruct and
+compare with llama.cpp's tools built from the same pinned tree (make build builds them).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS_DIR = Path(os.environ.get("POLYLLAMA_TOOLS_DIR", ROOT / "build" / "cmake" / "bin"))
+THREADS = 2
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    from polyllama.models import default_model_path
+    return str(default_model_path())
+
+
+@pytest.fixture(scope="session")
+def llm(model_path):
+    from polyllama import LLM
+    with LLM(model_path, backend="cpu", n_threads=THREADS, n_ctx=4096) as m:
+        yield m
+
+
+def tool(name: str) -> Path:
+    path = TOOLS_DIR / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: `make build` builds llama.cpp's tools "
+                                "(or set POLYLLAMA_TOOLS_DIR)")
+    return path
+
+
+def llama_completion(model: str, prompt: str, n: int, extra=()) -> str:
+    """Greedy continuation by llama.cpp's own llama-completion (prompt not echoed)."""
+    cmd = [str(tool("llama-completion")), "-m", model, "-p", prompt, "-n", str(n), "--temp", "0",
+           "-t", str(THREADS), "-c", "4096", "-no-cnv", "--no-display-prompt", "--simple-io",
+           "--no-warmup", "-s", "1", *extra]
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300,
+                         stdin=subprocess.DEVNULL)
+    if out.returncode != 0:
+        raise RuntimeError(f"llama-completion failed ({out.returncode}): {out.stderr.decode()[-2000:]}")
+    text = out.stdout.decode("utf-8", "replace")
+    # completion.cpp prints "\n\n" when it exits (LOG("\n\n") at the end of main)
+    assert text.endswith("\n\n"), repr(text[-40:])
+    return text[:-2]

@@ -1,0 +1,113 @@
+"""The build pipeline seen from outside: make -n flags, build_info, the CLI."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FLAGS = {"cuda": "GGML_CUDA", "hip": "GGML_HIP", "sycl": "GGML_SYCL", "metal": "GGML_METAL",
+         "vulkan": "GGML_VULKAN", "opencl": "GGML_OPENCL", "rpc": "GGML_RPC", "blas": "GGML_BLAS"}
+
+
+def make_n(target, **env):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("GGML_")}
+    e.update(env)
+    r = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, env=e, timeout=120)
+    assert r.returncode == 0, r.stderr
+    joined = r.stdout.replace("\\\n", " ")   # recipe lines continued with a backslash
+    cmake = [line for line in joined.splitlines() if line.lstrip().startswith("cmake -S")]
+    assert len(cmake) == 1, r.stdout
+    return cmake[0]
+
+
+@pytest.mark.parametrize("backend", sorted(FLAGS))
+def test_make_n_build_backend_passes_its_flag(backend):
+    line = make_n(f"build-{backend}")
+    assert f"-D{FLAGS[backend]}=ON" in line
+    for other, flag in FLAGS.items():
+        if other != backend and not (other == "metal" and sys.platform == "darwin"):
+            assert f"-D{flag}=OFF" in line, (other, line)
+
+
+def test_make_n_build_cpu_turns_everything_off():
+    line = make_n("build-cpu", GGML_VULKAN="1")
+    for flag in FLAGS.values():
+        assert f"-D{flag}=OFF" in line
+
+
+def test_make_n_build_reads_env_and_cmake_args():
+    line = make_n("build", GGML_VULKAN="ON", GGML_RPC="true", CMAKE_ARGS="-DFOO=bar")
+    assert "-DGGML_VULKAN=ON" in line and "-DGGML_RPC=ON" in line
+    assert line.rstrip().endswith("-DFOO=bar")
+
+
+def test_make_build_rejects_bad_flag_value_fast():
+    e = {k: v for k, v in os.environ.items() if not k.startswith("GGML_")}
+    e["GGML_CUDA"] = "maybe"
+    r = subprocess.run(["make", "build"], cwd=ROOT, capture_output=True, text=True, env=e, timeout=60)
+    assert r.returncode != 0
+    assert "GGML_CUDA" in r.stderr and "maybe" in r.stderr
+
+
+def test_make_build_missing_sdk_fails_before_compiling():
+    e = {k: v for k, v in os.environ.items() if not k.startswith("GGML_")}
+    e["GGML_SYCL"] = "1"
+    r = subprocess.run(["make", "build"], cwd=ROOT, capture_output=True, text=True, env=e, timeout=60)
+    if r.returncode == 0:
+        pytest.skip("a SYCL compiler is installed here")
+    assert "SYCL" in r.stderr and "icpx" in r.stderr
+    assert "cmake -S" not in r.stdout
+
+
+def test_build_info_json_shipped_with_extension():
+    import polyllama
+    info = polyllama.build_info()
+    data = json.loads((Path(polyllama.__file__).parent / "build_info.json").read_text())
+    assert info["backends"] == data["backends"] and "cpu" in data["backends"]
+    assert data["build_type"] == "Release"
+    assert data["compiler"].split()[0] in ("GNU", "Clang", "AppleClang", "MSVC", "IntelLLVM")
+    for flag in FLAGS.values():
+        assert data["flags"][flag] in ("ON", "OFF")
+        assert (data["flags"][flag] == "ON") == (flag[5:].lower() in data["backends"])
+
+
+def run_cli(*args, timeout=300):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    return subprocess.run([sys.executable, "-m", "polyllama", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_cli_info_lists_cpu_device_with_memory():
+    r = run_cli("info", "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    cpu = [d for d in info["devices"] if d["backend"] == "cpu"]
+    assert cpu and cpu[0]["memory_total"] > 0 and cpu[0]["memory_free"] > 0
+    r = run_cli("info")
+    assert r.returncode == 0 and "✓ cpu" in r.stdout and "recommended backend" in r.stdout
+
+
+def test_cli_run_matches_library(model_path, llm):
+    expected = llm.generate("The capital of France is", max_tokens=12).text
+    r = run_cli("run", "-m", model_path, "-p", "The capital of France is", "-n", "12", "--temp", "0",
+                "-t", "2", "--backend", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "The capital of France is" + expected + "\n"
+    assert "cpu on CPU: 0/31 layers offloaded" in r.stderr
+
+
+def test_cli_errors_are_messages_not_tracebacks(model_path):
+    r = run_cli("run", "-m", model_path, "-p", "x", "--backend", "nope")
+    assert r.returncode == 1
+    assert r.stderr.startswith("polyllama: error: unknown backend 'nope'")
+    assert "Traceback" not in r.stderr
+    r = run_cli("run", "-m", "/nonexistent.gguf", "-p", "x")
+    assert r.returncode == 1 and "model file not found: /nonexistent.gguf" in r.stderr
+
+
+def test_cli_list_devices():
+    r = run_cli("run", "--list-devices")
+    assert r.returncode == 0 and "[0] cpu:0" in r.stdout
