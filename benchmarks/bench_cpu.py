@@ -19,100 +19,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-
-def llama_bench(binary: Path, model: str, threads: int, n_prompt: int, n_gen: int, reps: int,
-                ngl: int, device: str | None) -> dict:
-    cmd = [str(binary), "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen),
-           "-r", str(reps), "-ngl", str(ngl), "-o", "json"]
-    if device:
-        cmd += ["-dev", device]
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True)
-    rows = json.loads(out.stdout)
-    res = {}
-    for r in rows:
-        key = "pp" if r["n_prompt"] else "tg"
-        res[key] = r["avg_ts"]
-        res[key + "_sd"] = r["stddev_ts"]
-    return res
-
-
-def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: int, backend: str,
-                    ngl) -> dict:
-    from polyllama import LLM
-    llm = LLM(model, backend=backend, n_threads=threads, n_gpu_layers=ngl,
-              n_ctx=max(4096, n_prompt + n_gen + 8), n_seq_max=1)
-    core = llm._ctx
-    vocab = llm.metadata["n_vocab"]
-    # a prompt of exactly n_prompt tokens, like llama-bench's (which uses random tokens)
-    prompt = [(i * 7919 + 13) % (vocab - 1000) + 500 for i in range(n_prompt)]
-    pp, tg_gen, tg_stream, overhead = [], [], [], []
-    llm.generate(prompt[:16], max_tokens=4)  # warm-up, as llama-bench does
-    for _ in range(reps):
-        llm._cached = []
-        core.clear()
-        t0 = time.perf_counter()
-        core.decode(prompt, 0, 0)
-        llm._ctx.logits(-1)   # synchronize: logits are ready
-        pp.append(n_prompt / (time.perf_counter() - t0))
-
-        llm._cached = []
-        core.clear()
-        core.perf_reset()
-        t0 = time.perf_counter()
-        r = llm.generate([prompt[0]], max_tokens=n_gen, ignore_eos=True)
-        wall = time.perf_counter() - t0
-        perf = core.perf()
-        tg_gen.append(r.generation_tokens_per_second)
-        # decode time inside llama.cpp for the generated tokens vs the wall time of the loop
-        if perf["n_eval"]:
-            overhead.append((wall - (perf["t_eval_ms"] + perf["t_p_eval_ms"]) / 1e3) / r.generated_tokens * 1e6)
-
-        llm._cached = []
-        core.clear()
-        t0 = time.perf_counter()
-        n = 0
-        t_first = None
-        for _ in llm.stream([prompt[0]], max_tokens=n_gen, ignore_eos=True):
-            n += 1
-            if t_first is None:
-                t_first = time.perf_counter()
-        tg_stream.append((n - 1) / (time.perf_counter() - t_first))
-    placement = str(llm.placement)
-    llm.close()
-    return {"pp": statistics.mean(pp), "pp_sd": statistics.pstdev(pp),
-            "tg": statistics.mean(tg_gen), "tg_sd": statistics.pstdev(tg_gen),
-            "tg_stream": statistics.mean(tg_stream), "tg_stream_sd": statistics.pstdev(tg_stream),
-            "overhead_us_per_token": statistics.median(overhead) if overhead else None,
-            "placement": placement}
-
-
-def llama_cpp_python_bench(model: str, threads: int, n_gen: int, reps: int) -> dict | None:
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None
-    llm = Llama(model, n_threads=threads, n_ctx=4096, verbose=False)
-    rates = []
-    for _ in range(reps):
-        llm.reset()
-        t_first, n = None, 0
-        for _ in llm.create_completion("The", max_tokens=n_gen, stream=True, temperature=0):
-            n += 1
-            if t_first is None:
-                t_first = time.perf_counter()
-        rates.append((n - 1) / (time.perf_counter() - t_first))
-    return {"tg_stream": statistics.mean(rates)}
+from polyllama.bench import llama_bench, llama_cpp_python_bench, polyllama_bench  # noqa: E402
 
 
 def main() -> int:

@@ -102,7 +102,7 @@ def test_cli_run_matches_library(model_path, llm):
 def test_cli_errors_are_messages_not_tracebacks(model_path):
     r = run_cli("run", "-m", model_path, "-p", "x", "--backend", "nope")
     assert r.returncode == 1
-    assert r.stderr.startswith("polyllama: error: unknown backend 'nope'")
+    assert r.stderr.splitlines()[-1].startswith("polyllama: error: unknown backend 'nope'")
     assert "Traceback" not in r.stderr
     r = run_cli("run", "-m", "/nonexistent.gguf", "-p", "x")
     assert r.returncode == 1 and "model file not found: /nonexistent.gguf" in r.stderr

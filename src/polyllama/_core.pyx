@@ -31,8 +31,12 @@ from polyllama.errors import (ContextError, DecodeError, GrammarError, Insuffici
 # ---------------------------------------------------------------------------------------
 # process-wide setup
 # ---------------------------------------------------------------------------------------
-llama_backend_init()
+# the log hook first: backends print while they register (ggml-opencl says why it
+# drops a device), and those lines belong in our log buffer, not on stderr
 _native.log_install()
+llama_backend_init()
+ggml_backend_dev_count()
+REGISTRATION_LOG = _native.log_recent_problems().decode("utf-8", "replace")
 
 DEVICE_TYPES = {
     GGML_BACKEND_DEVICE_TYPE_CPU: "CPU",
@@ -610,6 +614,44 @@ cdef cbool _abort_trampoline(void * data) noexcept nogil:
     return (<Context> data).cancel_requested
 
 
+cdef int _argmax(const float * p, int n, int exclude) noexcept nogil:
+    """First index of the largest value, skipping `exclude` (-1: none).
+
+    Two passes: the maximum over 8 independent lanes (no loop-carried dependency on a
+    single running maximum, so the compiler can keep several comparisons in flight), then
+    the first index holding it, which gives llama_sampler_greedy's tie-breaking.
+    """
+    cdef float lane[8]
+    cdef float mx
+    cdef int i, k
+    cdef float saved = 0.0
+    if exclude >= 0:
+        saved = (<float *> p)[exclude]
+        (<float *> p)[exclude] = -3.4028234663852886e38
+    for k in range(8):
+        lane[k] = p[0]
+    i = 0
+    while i + 8 <= n:
+        for k in range(8):
+            if p[i + k] > lane[k]:
+                lane[k] = p[i + k]
+        i += 8
+    mx = lane[0]
+    for k in range(1, 8):
+        if lane[k] > mx:
+            mx = lane[k]
+    while i < n:
+        if p[i] > mx:
+            mx = p[i]
+        i += 1
+    for i in range(n):
+        if p[i] == mx:
+            break
+    if exclude >= 0:
+        (<float *> p)[exclude] = saved
+    return i
+
+
 cdef class Context:
     """A llama_context with its batch. Owns both; keeps its Model alive."""
     cdef llama_context * ptr
@@ -789,6 +831,25 @@ cdef class Context:
         cdef float[::1] view = out
         memcpy(&view[0], p, self.n_vocab * sizeof(float))
         return out
+
+    def argmax(self, int idx, int exclude=-1):
+        """Index of the largest logit at batch index idx, first one on ties.
+
+        Exactly what llama_sampler_init_greedy selects (llama_sampler_greedy_apply scans
+        the same logits in the same order), without building llama.cpp's n_vocab-long
+        candidate array for every token: the fast path of plain greedy decoding.
+        `exclude` (a token id, e.g. EOS for ignore_eos) is never chosen.
+        """
+        cdef float * p
+        cdef int i, best
+        cdef int n = self.n_vocab
+        self._check()
+        p = llama_get_logits_ith(self.ptr, idx)
+        if p == NULL:
+            raise PolyllamaError(f"no logits at batch index {idx}")
+        with nogil:
+            best = _argmax(p, n, exclude)
+        return best
 
     def top_logprobs(self, int idx, int n):
         """The n most likely tokens at batch index idx with their log-probabilities."""

@@ -11,6 +11,7 @@ wait for each other (a stream holds the lock until it is exhausted or closed).
 """
 from __future__ import annotations
 
+import array
 import codecs
 import json
 import logging
@@ -26,7 +27,7 @@ from .errors import (ConflictingArgumentsError, ContextError, ContextOverflowErr
                      InsufficientMemoryError, ModelLoadError, PolyllamaError)
 from .models import default_model_path
 from .placement import (DEFAULT_MARGIN, Candidate, Placement, model_params, resolve_candidates)
-from .sampling import SamplingParams, build_sampler
+from .sampling import SamplingParams, build_sampler, is_plain_greedy
 
 log = logging.getLogger("polyllama")
 
@@ -255,14 +256,11 @@ class LLM:
             status = core.fit_params(self.model_path, mp, cp, [margin] * len(cand.devices),
                                      n_ctx_min=min(self._cparams["n_ctx"] or 4096, 4096))
             if status != "success":
-                est = core.estimate_memory(self.model_path, model_params(cand), cp)
-                needed = {r["device"]: r["model"] + r["context"] + r["compute"] for r in est["devices"]}
-                free = {r["device"]: r["free"] for r in est["devices"]}
-                raise InsufficientMemoryError(
-                    "the model does not fit in free device memory: "
-                    + ", ".join(f"{d} needs {needed[d] / 2**20:.0f} MiB, has {free[d] / 2**20:.0f} MiB free"
-                                for d in needed if d != "Host"), needed=needed, free=free)
+                raise self._memory_error(cand, cp, "the model does not fit in free device memory")
             fitted = True
+            if mp.n_gpu_layers == 0:
+                # llama.cpp's fit left every layer on the host: this candidate adds nothing
+                raise self._memory_error(cand, cp, "not even one layer fits in free device memory")
         model = core.Model(self.model_path, mp, progress)
         try:
             ctx = core.Context(model, cp)
@@ -280,6 +278,15 @@ class LLM:
                                    n_gpu_layers=ngl, n_layers=n_layers, memory=mem,
                                    skipped=list(skipped), fitted=fitted)
         log.info("polyllama: %s", self.placement)
+
+    def _memory_error(self, cand: Candidate, cp, what: str) -> InsufficientMemoryError:
+        """InsufficientMemoryError with llama.cpp's estimate of a full offload vs free memory."""
+        est = core.estimate_memory(self.model_path, model_params(cand), cp)
+        needed = {r["device"]: r["model"] + r["context"] + r["compute"] for r in est["devices"]}
+        free = {r["device"]: r["free"] for r in est["devices"]}
+        return InsufficientMemoryError(
+            f"{what}: " + ", ".join(f"{d} needs {needed[d] / 2**20:.0f} MiB, has {free[d] / 2**20:.0f} MiB free"
+                                    for d in needed if d != "Host"), needed=needed, free=free)
 
     # ---- lifetime -----------------------------------------------------------------------
     def close(self) -> None:
@@ -368,6 +375,16 @@ class LLM:
             raise TypeError("prompt must be a string (or a list of token ids), not None")
         raise TypeError(f"prompt must be a non-empty string or list of token ids, not {type(prompt).__name__}")
 
+    def logits(self, prompt: str | list[int]) -> "array.array":
+        """llama.cpp's logits for the token after `prompt` (n_vocab floats, array('f'))."""
+        with self._lock:
+            self._require()
+            tokens = self._fit_prompt(self._prompt_tokens(prompt), SamplingParams(), False, self._ctx.n_ctx)
+            self._forget_cache()
+            idx = self._ctx.decode(tokens, 0, 0)
+            self._cached = list(tokens)
+            return self._ctx.logits(idx)
+
     # ---- generation ---------------------------------------------------------------------
     def _grammar_for(self, params: SamplingParams) -> str | None:
         schema = params.schema_text()
@@ -410,11 +427,16 @@ class LLM:
             pos = len(prompt_tokens)
             max_tokens = params.max_tokens or (1 << 30)
             eog = model.is_eog
+            if is_plain_greedy(params, grammar):
+                banned = model.token_eos if params.ignore_eos else -1
+                pick = lambda i: ctx.argmax(i, banned)  # noqa: E731
+            else:
+                pick = lambda i: sampler.sample(ctx, i)  # noqa: E731
             while True:
                 if self._cancel:
                     run.finish_reason = "cancelled"
                     return
-                tok = sampler.sample(ctx, idx)
+                tok = pick(idx)
                 if params.n_probs:
                     run.logprobs.append(ctx.top_logprobs(idx, params.n_probs))
                 if run.t_first is None:
@@ -525,9 +547,14 @@ class LLM:
         asms = [_TextAssembler(params.stop) for _ in toks]
         samplers = []
         try:
+            greedy = is_plain_greedy(params, grammar)
+            banned = model.token_eos if params.ignore_eos else -1
             for i, t in enumerate(toks):
                 p = params if params.seed is None else SamplingParams.from_kwargs(params, seed=params.seed + i)
                 samplers.append(build_sampler(core, model, p, grammar))
+
+            def pick(i, b):
+                return ctx.argmax(b, banned) if greedy else samplers[i].sample(ctx, b)
             pending: dict[int, int] = {}   # seq -> token to decode next
             pos = [len(t) for t in toks]
             max_tokens = params.max_tokens or (1 << 30)
@@ -535,7 +562,7 @@ class LLM:
             try:
                 for i, t in enumerate(toks):
                     idx = ctx.decode(t, i, 0)
-                    tok = samplers[i].sample(ctx, idx)
+                    tok = pick(i, idx)
                     runs[i].t_first = time.perf_counter()
                     self._accept(i, tok, runs, asms, pending, params, model, piece, max_tokens, pos, budget)
                 while pending:
@@ -550,7 +577,7 @@ class LLM:
                         pos[i] += 1
                     nxt = {}
                     for b, i in enumerate(order):
-                        tok = samplers[i].sample(ctx, b)
+                        tok = pick(i, b)
                         self._accept(i, tok, runs, asms, nxt, params, model, piece, max_tokens, pos, budget)
                     pending = nxt
             except core.Cancelled:

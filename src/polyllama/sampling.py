@@ -119,6 +119,16 @@ class SamplingParams:
         return json.dumps(self.json_schema)
 
 
+def is_plain_greedy(params: SamplingParams, grammar: str | None = None) -> bool:
+    """True when the chain would be just llama.cpp's greedy stage (no state, no masking):
+    the caller may then take the arg-max of the logits itself (Context.argmax, which
+    also excludes EOS for ignore_eos as the chain's logit bias would)."""
+    return (params.temperature <= 0 and not params.logit_bias
+            and not grammar and not params.grammar
+            and (params.repeat_last_n == 0 or (params.repeat_penalty == 1.0
+                 and not params.presence_penalty and not params.frequency_penalty)))
+
+
 def build_sampler(core, model, params: SamplingParams, grammar: str | None = None,
                   lazy_patterns: Sequence[str] | None = None, grammar_prefill: Sequence[int] = ()):
     """A llama.cpp sampler chain for params: bias, penalties, grammar, truncation, pick.

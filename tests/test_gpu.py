@@ -1,0 +1,113 @@
+"""Tests that need a GPU-type device (CUDA, HIP, Metal, Vulkan on real hardware, ...).
+
+They skip cleanly on machines without one. On the H100 they run through
+scripts/device_gpu.sh with POLYLLAMA_GPU_TEST_MODEL set to a random-weight llama model
+(the default model cannot travel there); elsewhere the default model is used.
+"""
+import math
+import os
+
+import pytest
+
+from polyllama.devices import devices
+
+pytestmark = pytest.mark.gpu
+
+GPUS = [d for d in devices() if d.type in ("GPU", "iGPU") and d.is_offload_target]
+if not GPUS:
+    pytest.skip("no GPU device in this build/machine", allow_module_level=True)
+GPU = GPUS[0]
+
+
+@pytest.fixture(scope="module")
+def gpu_model():
+    path = os.environ.get("POLYLLAMA_GPU_TEST_MODEL")
+    if path:
+        return path
+    from polyllama.models import default_model_path
+    return str(default_model_path())
+
+
+def _free(dev):
+    return next(d for d in devices() if d.index == dev.index).memory_free
+
+
+def _cosine(a, b):
+    dot = sum(x * y for x, y in zip(a, b))
+    return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+def test_gpu_device_listed_with_memory():
+    assert GPU.memory_total > 1 << 30 and 0 < GPU.memory_free <= GPU.memory_total
+    assert GPU.spec == f"{GPU.backend}:0" and GPU.name.lower().startswith(GPU.registry.lower()[:3])
+
+
+def test_explicit_backend_offloads_everything(gpu_model):
+    from polyllama import LLM
+    with LLM(gpu_model, backend=GPU.backend, n_gpu_layers=-1) as m:
+        p = m.placement
+        assert p.backend == GPU.backend and p.devices == [GPU.name]
+        assert p.n_gpu_layers == p.n_layers
+        dev_row = next(r for r in p.memory if r["device"] == GPU.name)
+        assert dev_row["model"] > 0 and dev_row["context"] > 0
+
+
+def test_auto_lands_on_the_gpu_and_logits_match_cpu(gpu_model):
+    from polyllama import LLM
+    prompt = "The quick brown fox jumps over the lazy dog because"
+    with LLM(gpu_model, backend="cpu", n_ctx=512) as cpu:
+        ref = cpu.logits(prompt)
+        ref_text = cpu.generate(prompt, max_tokens=4).tokens
+    with LLM(gpu_model, backend="auto", n_ctx=512) as gpu:
+        assert gpu.placement.backend == GPU.backend
+        got = gpu.logits(prompt)
+        assert _cosine(ref, got) > 0.99
+        assert max(abs(a - b) for a, b in zip(ref, got)) < 0.05 * max(abs(x) for x in ref) + 0.05
+        assert gpu.generate(prompt, max_tokens=4).tokens[:2] == ref_text[:2]
+
+
+def test_fit_offloads_fewer_layers_when_memory_is_short(gpu_model):
+    import polyllama
+    from polyllama import LLM
+    est = polyllama.estimate_memory(gpu_model, n_ctx=4096, backend=GPU.backend)
+    need = sum(r["bytes"] for r in est["devices"] if r["device"] == GPU.name)
+    # leave only about half of what a full offload needs
+    margin = GPU.memory_free - need // 2
+    with LLM(gpu_model, backend=GPU.backend, n_gpu_layers="auto", memory_margin=margin) as m:
+        assert m.placement.fitted
+        assert 0 < m.placement.n_gpu_layers < m.placement.n_layers
+
+
+def test_nothing_fits_falls_back_or_raises(gpu_model):
+    from polyllama import LLM, InsufficientMemoryError
+    huge = GPU.memory_total * 2
+    with LLM(gpu_model, backend="auto", memory_margin=huge, n_ctx=512) as m:
+        assert m.placement.backend == "cpu"
+        assert any(r.startswith(GPU.backend) and "not even one layer fits" in r for r in m.placement.skipped)
+    with pytest.raises(InsufficientMemoryError) as ei:
+        LLM(gpu_model, backend=GPU.backend, memory_margin=huge, fallback=False)
+    assert GPU.name in ei.value.free
+
+
+def test_memory_released_after_close(gpu_model):
+    from polyllama import LLM
+    before = _free(GPU)
+    for _ in range(20):
+        m = LLM(gpu_model, backend=GPU.backend, n_ctx=2048)
+        m.generate("hello", max_tokens=2)
+        m.close()
+    after = _free(GPU)
+    assert abs(before - after) <= 0.02 * before, (before, after)
+
+
+@pytest.mark.parametrize("n_ctx", [1024, 8192])
+def test_estimate_within_10_percent_of_actual_on_gpu(gpu_model, n_ctx):
+    import polyllama
+    from polyllama import LLM
+    est = polyllama.estimate_memory(gpu_model, n_ctx=n_ctx, backend=GPU.backend)
+    with LLM(gpu_model, backend=GPU.backend, n_ctx=n_ctx, n_gpu_layers=-1, n_seq_max=1) as m:
+        actual = {r["device"]: r for r in m.placement.memory}
+    e = next(r for r in est["devices"] if r["device"] == GPU.name)
+    a = actual[GPU.name]
+    for key in ("model", "context", "compute"):
+        assert abs(e[key] - a[key]) <= 0.10 * a[key], (key, e[key], a[key])
