@@ -6,7 +6,7 @@ import pytest
 import polyllama
 from polyllama import (LLM, BackendNotCompiledError, ConflictingArgumentsError, DeviceNotFoundError,
                        PolyllamaError, UnknownBackendError)
-from polyllama.devices import backends, devices
+from polyllama import backends, devices
 
 
 def compiled(name):

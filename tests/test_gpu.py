@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from polyllama.devices import devices
+from polyllama import devices
 
 pytestmark = pytest.mark.gpu
 

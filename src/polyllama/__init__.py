@@ -21,8 +21,8 @@ __version__ = "0.1.0"
 # public name -> module that defines it (imported lazily: they need the extension)
 _LAZY = {
     "LLM": "llm", "Tokenizer": "llm", "SamplingParams": "sampling", "GenerationResult": "llm", "Placement": "placement",
-    "devices": "devices", "backends": "devices", "print_backend_summary": "devices",
-    "Device": "devices", "BackendStatus": "devices", "build_info": "info",
+    "devices": "discovery", "backends": "discovery", "print_backend_summary": "discovery",
+    "Device": "discovery", "BackendStatus": "discovery", "build_info": "info",
     "estimate_memory": "placement", "set_log_level": "info",
 }
 

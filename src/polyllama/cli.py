@@ -95,11 +95,11 @@ def _sampling(args):
 
 
 def cmd_info(args) -> int:
-    from .devices import backend_summary
+    from .discovery import backend_summary
     from .info import build_info
     info = build_info()
     if args.json:
-        from .devices import devices
+        from .discovery import devices
         info["devices"] = [d.__dict__ for d in devices()]
         print(json.dumps(info, indent=2))
         return 0
@@ -113,7 +113,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_devices(args) -> int:
-    from .devices import backend_summary
+    from .discovery import backend_summary
     print(backend_summary())
     return 0
 

@@ -14,7 +14,7 @@ from typing import Sequence, Union
 
 from . import buildconfig
 from ._extension import core
-from .devices import AUTO_ORDER, Device, backends, devices
+from .discovery import AUTO_ORDER, Device, backends, devices
 from .errors import (BackendNotCompiledError, ConflictingArgumentsError, DeviceNotFoundError,
                      NoDeviceError, UnknownBackendError)
 
@@ -195,9 +195,9 @@ def resolve_candidates(backend: str | None = None, device: DeviceSpec | Sequence
         if not st.devices:
             skipped.append(f"{name}: {st.reason}")
             continue
-        devs = [d for d in st.devices if d.type != "CPU"]
+        devs = [d for d in st.devices if not d.software]
         if not devs:
-            skipped.append(f"{name}: only CPU-type (software) devices "
+            skipped.append(f"{name}: only software devices that run on the CPU "
                            f"({', '.join(d.name for d in st.devices)}); pass backend={name!r} to use them")
             continue
         # one backend's devices together (multi-GPU of one vendor); tensor_split applies to them

@@ -6,6 +6,7 @@ polyllama.buildconfig.BACKENDS, the same table the build uses.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from . import buildconfig
@@ -15,6 +16,11 @@ from ._extension import core
 # vendor-native backends first (CUDA, HIP, Metal: the fastest kernels for their hardware),
 # then the portable Vulkan, then SYCL and OpenCL, whose ggml backends cover fewer ops.
 AUTO_ORDER = ("cuda", "hip", "metal", "vulkan", "sycl", "opencl")
+
+# Drivers that implement a GPU API on the CPU. ggml-vulkan reports lavapipe as a GPU
+# (it maps every non-integrated device to GGML_BACKEND_DEVICE_TYPE_GPU), so the device
+# type alone cannot tell; the driver's device name can.
+_SOFTWARE_DRIVERS = re.compile(r"llvmpipe|lavapipe|softpipe|swiftshader", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,16 @@ class Device:
     memory_free: int      # bytes
     memory_total: int     # bytes
     registry: str         # ggml registry name, e.g. "CUDA", "Vulkan"
+    device_id: str = ""   # PCI bus id where the backend reports one, else ""
+
+    @property
+    def software(self) -> bool:
+        """A CPU-type device, or a GPU API implemented on the CPU (Mesa's lavapipe).
+
+        backend="auto" never picks these: they are far slower than ggml's own CPU backend
+        on the same cores (docs/BUILD_BACKENDS.md has the figures measured here).
+        """
+        return self.type == "CPU" or bool(_SOFTWARE_DRIVERS.search(self.description))
 
     @property
     def spec(self) -> str:
@@ -58,7 +74,7 @@ def devices() -> list[Device]:
         out.append(Device(index=d["index"], name=d["name"], description=d["description"],
                           backend=backend, ordinal=ordinal, type=d["type"],
                           memory_free=d["memory_free"], memory_total=d["memory_total"],
-                          registry=d["registry"]))
+                          registry=d["registry"], device_id=d["device_id"]))
     return out
 
 
@@ -111,9 +127,10 @@ def backends() -> list[BackendStatus]:
             elif b.name == "opencl":
                 st.reason += ("; ggml-opencl accepts only Adreno/Qualcomm and Intel GPUs "
                               "with OpenCL C >= 2.0 and cl_khr_fp16")
-        if b.name == "vulkan" and st.devices and any(d.type == "CPU" for d in st.devices):
-            st.notes.append("a CPU-type Vulkan device (software rendering) is visible; "
-                            "backend='auto' does not pick it, backend='vulkan' does")
+        soft = [d.name for d in st.devices if d.is_offload_target and d.software]
+        if soft:
+            st.notes.append(f"{', '.join(soft)}: software rendering on the CPU; "
+                            f"backend='auto' does not pick it, backend={b.name!r} does")
         out.append(st)
     return out
 
@@ -121,7 +138,7 @@ def backends() -> list[BackendStatus]:
 def recommended_backend() -> str:
     """The backend backend="auto" would try first here (ignoring memory fit)."""
     for st in backends():
-        if st.name in AUTO_ORDER and st.usable and any(d.type != "CPU" for d in st.devices):
+        if st.name in AUTO_ORDER and st.usable and any(not d.software for d in st.devices):
             return st.name
     return "cpu"
 
