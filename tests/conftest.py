@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+# ggml-vulkan hides CPU-type devices (Mesa's lavapipe) unless this is set; the Vulkan tests
+# run on lavapipe where there is no GPU. Set before anything imports the extension.
+os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
+
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS_DIR = Path(os.environ.get("POLYLLAMA_TOOLS_DIR", ROOT / "build" / "cmake" / "bin"))
 THREADS = 2
@@ -38,8 +42,13 @@ def tool(name: str) -> Path:
 
 
 def llama_completion(model: str, prompt: str, n: int, extra=()) -> str:
-    """Greedy continuation by llama.cpp's own llama-completion (prompt not echoed)."""
+    """Greedy continuation by llama.cpp's own llama-completion (prompt not echoed).
+
+    `--device none` keeps it on the CPU like the `llm` fixture: with lavapipe made visible
+    above, llama-completion would otherwise offload to it and round differently.
+    """
     cmd = [str(tool("llama-completion")), "-m", model, "-p", prompt, "-n", str(n), "--temp", "0",
+           "--device", "none",
            "-t", str(THREADS), "-c", "4096", "-no-cnv", "--no-display-prompt", "--simple-io",
            "--no-warmup", "-s", "1", *extra]
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300,

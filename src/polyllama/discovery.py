@@ -105,6 +105,17 @@ def _hidden_vulkan_cpu_devices() -> int:
     return int(getattr(info, "cpu_type_devices", 0) or 0)
 
 
+def _registration_lines(registry: str) -> list[str]:
+    """What a backend logged about its devices while registering at import.
+
+    ggml-opencl, for one, names each device it drops and why ("device does not support
+    FP16"); that is the most precise reason there is, so it goes into the status.
+    """
+    prefix = f"ggml_{registry.lower()}:"
+    return [line[len(prefix):].strip() for line in core.REGISTRATION_LOG.splitlines()
+            if line.startswith(prefix)]
+
+
 def backends() -> list[BackendStatus]:
     """Every backend polyllama knows: compiled in or not, its devices, why unusable."""
     compiled = set(core.registries())
@@ -127,6 +138,9 @@ def backends() -> list[BackendStatus]:
             elif b.name == "opencl":
                 st.reason += ("; ggml-opencl accepts only Adreno/Qualcomm and Intel GPUs "
                               "with OpenCL C >= 2.0 and cl_khr_fp16")
+            said = _registration_lines(b.registry)
+            if said:
+                st.reason += "; ggml said: " + " / ".join(said)
         soft = [d.name for d in st.devices if d.is_offload_target and d.software]
         if soft:
             st.notes.append(f"{', '.join(soft)}: software rendering on the CPU; "
