@@ -67,6 +67,9 @@ def main() -> int:
         lines.append(f"| {r['model']} | {r['bench_pp']:.0f} | {r['poly_pp']:.0f} | {100 * r['poly_pp'] / r['bench_pp']:.1f}% "
                      f"| {r['bench_tg']:.1f} | {r['poly_tg']:.1f} | {100 * r['poly_tg'] / r['bench_tg']:.1f}% "
                      f"| {r['poly_tg_stream']:.1f} | {r['overhead_us'] or 0:.1f} |")
+    lines += ["", "polyllama's tg128 includes sampling (greedy arg-max) and detokenizing each token; "
+              "llama-bench's only decodes. The overhead column is polyllama's wall time per token "
+              "minus llama.cpp's own decode time."]
     if batched:
         lines += ["", "Batched generation, 1B Q4_0, 128 tokens per prompt (aggregate tokens/s):", "",
                   "| prompts | " + " | ".join(str(w) for w in batched) + " |",

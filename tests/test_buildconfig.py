@@ -573,7 +573,8 @@ GPU0:
 def test_vulkan_cpu_type_device(fake):
     fake.tool("vulkaninfo", VULKANINFO_LLVMPIPE)
     info = bc.detect_vulkan(fake.env)
-    assert info.device_present is True
+    assert info.device_present is False          # software rendering only: GGML_AUTO skips it
+    assert "GGML_AUTO leaves Vulkan off" in info.device_note
     assert info.cpu_type_devices == 1
     assert info.devices == ["llvmpipe (LLVM 15.0.6, 256 bits) [CPU]"]
     assert any("GGML_VK_VISIBLE_DEVICES" in n and "llvmpipe" in n for n in info.notes)
@@ -631,6 +632,15 @@ def test_opencl_clinfo_only_unsupported_devices(fake):
     fake.tool("clinfo", "Platform #0: NVIDIA CUDA\n `-- Device #0: NVIDIA H100 80GB HBM3")
     info = bc.detect_opencl(fake.env)
     assert info.device_present is False and "H100" in info.device_note
+
+
+def test_opencl_clinfo_pocl_cpu_device_does_not_count(fake):
+    # PoCL's CPU device carries the CPU's name, "Intel" included; ggml-opencl rejects it
+    fake.tool("clinfo", "Platform #0: Portable Computing Language\n"
+              " `-- Device #0: pthread-skylake-avx512-Intel(R) Xeon(R) Processor")
+    info = bc.detect_opencl(fake.env)
+    assert info.device_present is False
+    assert info.devices == ["pthread-skylake-avx512-Intel(R) Xeon(R) Processor"]
 
 
 def test_metal_not_on_linux(fake):

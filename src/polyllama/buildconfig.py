@@ -747,11 +747,16 @@ def _probe_vulkan_devices(info: SdkInfo, env: Mapping[str, str]) -> None:
         if kind == "CPU":
             cpu_names.append(name)
     info.cpu_type_devices = len(cpu_names)
-    info.device_present = bool(types)
+    # A CPU-type device (Mesa's lavapipe) is software rendering: slower than ggml's own CPU
+    # backend and hidden by ggml-vulkan by default, so it does not make GGML_AUTO build Vulkan.
+    info.device_present = len(types) > len(cpu_names)
     if not types:
         info.device_note = "vulkaninfo lists no Vulkan device (no Vulkan driver/ICD installed?)"
         return
     info.device_note = f"Vulkan devices: {'; '.join(info.devices)}"
+    if not info.device_present:
+        info.device_note += ("; only CPU-type (software) devices: GGML_AUTO leaves Vulkan off, "
+                             "GGML_VULKAN=1 builds it anyway")
     if cpu_names:
         info.notes.append(f"CPU-type Vulkan device{'s' if len(cpu_names) > 1 else ''}: {', '.join(cpu_names)}; "
                           "ggml-vulkan hides CPU-type devices unless GGML_VK_VISIBLE_DEVICES is set")
@@ -804,15 +809,32 @@ def _probe_opencl_devices(info: SdkInfo, env: Mapping[str, str]) -> None:
     if rc is None:
         info.device_present, info.device_note = None, f"cannot tell: {out.strip()[-160:]}"
         return
-    info.devices = [m.strip() for m in re.findall(r"Device #\d+:\s*(.+)", out)]
-    usable = [d for d in info.devices if re.search(r"adreno|qualcomm|intel", d, re.IGNORECASE)]
-    # A device ggml-opencl would reject (NVIDIA's or AMD's OpenCL, pocl) does not count:
+    # `clinfo -l` prints "Platform #N: <platform>" and, under it, " `-- Device #M: <device>"
+    usable, platform = [], ""
+    for line in out.splitlines():
+        m = re.match(r"\s*Platform #\d+:\s*(.+)", line)
+        if m:
+            platform = m.group(1).strip()
+            continue
+        m = re.search(r"Device #\d+:\s*(.+)", line)
+        if not m:
+            continue
+        name = m.group(1).strip()
+        info.devices.append(name)
+        # PoCL names its CPU device after the CPU ("pthread-...-Intel(R) Xeon(R)"): the
+        # "Intel" in it is not an Intel GPU, and the device fails ggml-opencl's checks.
+        if "portable computing language" in platform.lower():
+            continue
+        if re.search(r"adreno|qualcomm|intel", name, re.IGNORECASE):
+            usable.append(name)
+    # A device ggml-opencl would reject (NVIDIA's or AMD's OpenCL, PoCL) does not count:
     # GGML_AUTO should not build a backend that can never run here.
     info.device_present = bool(usable)
     if usable:
         info.device_note = f"OpenCL devices ggml-opencl may accept: {'; '.join(usable)}"
     elif info.devices:
-        info.device_note = (f"no Adreno/Qualcomm or Intel OpenCL device (clinfo lists: {'; '.join(info.devices)})")
+        info.device_note = (f"no OpenCL device ggml-opencl accepts (clinfo lists: {'; '.join(info.devices)}; "
+                            "it takes Adreno/Qualcomm or Intel GPUs, never PoCL's devices)")
     else:
         info.device_note = "clinfo lists no OpenCL device"
 

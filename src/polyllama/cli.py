@@ -48,7 +48,8 @@ def _add_placement_args(p: argparse.ArgumentParser) -> None:
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (-1: until done)")
-    p.add_argument("--temp", type=float, default=0.8)
+    p.add_argument("--temp", type=float, default=0.8,
+                   help="temperature: 0.8 as in llama.cpp's CLI (the Python API defaults to 0, greedy)")
     p.add_argument("--top-k", type=int, default=40)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--min-p", type=float, default=0.05)
