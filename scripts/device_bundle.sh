@@ -1,17 +1,60 @@
 #!/usr/bin/env bash
-# Pack what a machine without network needs to build polyllama: the pinned llama.cpp tree
-# (trimmed: no docs/media/web UI, only the one test vocabulary the random models use)
-# into .devcarry/llama.cpp.tar.gz (git-ignored; about 10 MB). Carry .devcarry with the
-# device tool:  run(command="bash scripts/device_build.sh", carry=[".devcarry"])
+# Pack what a GPU machine without network needs to build polyllama, into .devcarry/
+# (git-ignored). Carry it with the device tool:
+#   run(command="bash scripts/device_build.sh", carry=[".devcarry"])
+#
+#   scripts/device_bundle.sh            the pinned llama.cpp tree, trimmed (no docs, media,
+#                                       web UI, test vocabularies but the one the random
+#                                       models use): about 10 MB
+#   ... --vulkan                        also what a CUDA + Vulkan build needs there: the
+#                                       Vulkan loader, glslc (+ libshaderc), SPIR-V headers
+#                                       as Debian 12 .debs, and the Vulkan headers that
+#                                       scripts/fetch_vulkan_headers.sh put in the cache
+#   ... --llama-cpp-python              also the llama-cpp-python sdist of the pin, less its
+#                                       vendor/llama.cpp (the same tree as above), to build
+#                                       it there with CUDA for the benchmark
 set -euo pipefail
 cd "$(dirname "$0")/.."
+want_vulkan=0 want_lcp=0
+for arg in "$@"; do
+  case "$arg" in
+    --vulkan) want_vulkan=1 ;;
+    --llama-cpp-python) want_lcp=1 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "device_bundle.sh: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
+cache=${POLYLLAMA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/polyllama}
+trim=(--exclude='*/docs' --exclude='*/media' --exclude='*/tools/ui' --exclude='*/tools/server/public*'
+      --exclude='*/models/*' --exclude='*/examples/*/*.swift' --exclude='*/app')
+
 python3 scripts/fetch_llama_cpp.py >/dev/null
 mkdir -p .devcarry
-tar czf .devcarry/llama.cpp.tar.gz -C thirdparty \
-  --exclude='llama.cpp/docs' --exclude='llama.cpp/media' --exclude='llama.cpp/tools/ui' \
-  --exclude='llama.cpp/tools/server/public*' --exclude='llama.cpp/models/*' \
-  --exclude='llama.cpp/examples/*/*.swift' --exclude='llama.cpp/app' \
-  llama.cpp
+tar czf .devcarry/llama.cpp.tar.gz -C thirdparty "${trim[@]}" llama.cpp
 # the random-weight models copy Llama 3's tokenizer from this test vocabulary
 cp thirdparty/llama.cpp/models/ggml-vocab-llama-bpe.gguf .devcarry/
-du -sh .devcarry/*
+
+if [ $want_vulkan = 1 ]; then
+  headers="$cache/vulkan-headers/usr/include"
+  [ -f "$headers/vulkan/vulkan_core.h" ] || bash scripts/fetch_vulkan_headers.sh
+  rm -rf .devcarry/vulkan && mkdir -p .devcarry/vulkan/debs
+  tar czf .devcarry/vulkan/headers.tar.gz -C "$cache/vulkan-headers" usr
+  # Debian 12 packages: the device image has neither a Vulkan loader nor glslc
+  (cd .devcarry/vulkan/debs && apt-get download -qq libvulkan1 glslc libshaderc1 spirv-headers)
+fi
+
+if [ $want_lcp = 1 ]; then
+  sdist=$(ls "$cache"/sdist/llama_cpp_python-*.tar.gz | head -1)
+  work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+  tar xzf "$sdist" -C "$work"
+  name=$(basename "$sdist" .tar.gz)
+  # without vendor/llama.cpp: it is the very tree of llama.cpp.tar.gz, which
+  # device_build.sh puts back in its place
+  # llama_cpp imports diskcache, which the device image lacks (pure Python)
+  mkdir -p .devcarry/wheels
+  python3 -m pip download -q --no-deps --only-binary=:all: -d .devcarry/wheels "diskcache==5.6.3"
+  tar czf ".devcarry/$name-novendor.tar.gz" -C "$work" --exclude="$name/vendor/llama.cpp" \
+    --exclude="$name/.git" --exclude="$name/examples" "$name"
+fi
+du -sh .devcarry/* .devcarry/vulkan/* 2>/dev/null || true
+echo "device_bundle: total $(du -sh .devcarry | cut -f1) (the device tool carries at most 64 MiB)"

@@ -1,30 +1,46 @@
 #!/usr/bin/env bash
 # On a GPU device machine, after scripts/device_build.sh: write random-weight llama models
-# (1B and 8B shapes; F16, Q8_0, Q4_0), run the GPU tests, and run the benchmark harness.
+# (1B and 8B shapes; F16, Q8_0, Q4_0), run the GPU tests, and run the benchmark harness for
+# every GPU backend of the build (CUDA, and Vulkan when it was built in).
 # Results go to $OUT (or ./device-out). Steps can be chosen: device_gpu.sh models tests bench
+# A step that finished is not run again on the same machine (markers in /tmp/polyllama-done),
+# so after a command that hit the device tool's 10-minute limit the same line continues.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/device_env.sh
 out=${OUT:-device-out}; mkdir -p "$out"
 models=${MODELS_DIR:-/tmp/polyllama-models}; mkdir -p "$models"
+done_dir=/tmp/polyllama-done; mkdir -p "$done_dir"
 steps=${*:-models tests bench}
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+[ -d /tmp/lcp-site/llama_cpp ] && export PYTHONPATH=$PYTHONPATH:/tmp/lcp-site
 q=build/cmake/bin/llama-quantize
+gpu_backends=$(python3 -c 'from polyllama import devices
+print(",".join(dict.fromkeys(d.backend for d in devices() if d.type in ("GPU", "iGPU") and d.is_offload_target and not d.software)))')
 
 for step in $steps; do
+  if [ -f "$done_dir/$step" ]; then echo "device_gpu: $step already done on this machine"; continue; fi
+  t0=$(date +%s)
   case $step in
     models)
       for shape in 1b 8b; do
         f16=$models/llama-$shape-f16.gguf
-        [ -f "$f16" ] || python3 benchmarks/make_random_model.py --shape $shape -o "$f16"
+        [ -f "$f16" ] || python3 benchmarks/make_random_model.py --shape $shape -o "$f16" || exit 1
         for t in Q4_0 Q8_0; do
-          [ -f "$models/llama-$shape-$t.gguf" ] || $q "$f16" "$models/llama-$shape-$t.gguf" $t "$(nproc)" >/dev/null 2>&1
+          [ -f "$models/llama-$shape-$t.gguf" ] || $q "$f16" "$models/llama-$shape-$t.gguf" $t "$(nproc)" >/dev/null 2>&1 || exit 1
         done
       done
       ls -la "$models" | tee "$out/models.txt" ;;
     tests)
       python3 -m polyllama info | tee "$out/info.txt"
-      POLYLLAMA_GPU_TEST_MODEL=$models/llama-1b-Q4_0.gguf python3 -m pytest tests/test_gpu.py -v 2>&1 | tee "$out/gpu-tests.txt" ;;
+      POLYLLAMA_GPU_TEST_MODEL=$models/llama-1b-Q4_0.gguf python3 -m pytest -s -v -p no:cacheprovider \
+        tests/test_gpu.py 2>&1 | tee "$out/gpu-tests.txt" ;;
     bench)
-      python3 benchmarks/bench_gpu.py --models-dir "$models" --out "$out" 2>&1 | tee "$out/bench.txt" ;;
+      python3 benchmarks/bench_gpu.py --models-dir "$models" --out "$out" --backends "$gpu_backends" \
+        2>&1 | tee "$out/bench.txt" ;;
+    *) echo "device_gpu: unknown step $step" >&2; exit 2 ;;
   esac
+  rc=${PIPESTATUS[0]}
+  echo "device_gpu: $step $(( $(date +%s) - t0 )) s (exit $rc)" | tee -a "$out/steps.txt"
+  touch "$done_dir/$step"
 done

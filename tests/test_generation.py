@@ -87,6 +87,16 @@ def test_batched_more_prompts_than_sequences(llm):
     assert [r.text for r in out] == [llm.generate(p, max_tokens=6).text for p in prompts]
 
 
+def test_batched_prompts_longer_than_one_batch(llm, model_path):
+    # the prompts of a wave go through one decode when they fit in n_batch; here they do
+    # not (n_batch 16), so each prompt is decoded alone: same text either way
+    from polyllama import LLM
+    prompts = PROMPTS + ["The best way to learn programming is"]
+    with LLM(model_path, backend="cpu", n_threads=2, n_ctx=1024, n_batch=16, n_seq_max=4) as small:
+        out = small.generate(prompts, max_tokens=8)
+    assert [r.text for r in out] == [llm.generate(p, max_tokens=8).text for p in prompts]
+
+
 def test_cancel_from_another_thread(llm):
     before = llm.generate("The capital of France is", max_tokens=4).text
     started = threading.Event()

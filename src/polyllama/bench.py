@@ -40,7 +40,14 @@ def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: i
     # a prompt of exactly n_prompt tokens, like llama-bench's (which uses random tokens)
     prompt = [(i * 7919 + 13) % (vocab - 1000) + 500 for i in range(n_prompt)]
     pp, tg_gen, tg_stream, overhead = [], [], [], []
-    llm.generate(prompt[:16], max_tokens=4)  # warm-up, as llama-bench does
+    # warm-up, as llama-bench does: one full prompt and one generation step, so that the
+    # first timed repetition does not pay for kernel selection and buffer growth
+    core.clear()
+    core.decode(prompt, 0, 0)
+    llm._ctx.logits(-1)
+    llm._cached = []
+    core.clear()
+    llm.generate([prompt[0]], max_tokens=4, ignore_eos=True)
     for _ in range(reps):
         llm._cached = []
         core.clear()
@@ -78,12 +85,17 @@ def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: i
             "placement": placement}
 
 
-def llama_cpp_python_bench(model: str, threads: int, n_gen: int, reps: int) -> dict | None:
+def llama_cpp_python_bench(model: str, threads: int, n_gen: int, reps: int, n_gpu_layers: int = 0,
+                           flash_attn: bool = False) -> dict | None:
+    """llama-cpp-python's streamed generation tokens/s (None when it is not installed)."""
     try:
         from llama_cpp import Llama
     except ImportError:
         return None
-    llm = Llama(model, n_threads=threads, n_ctx=4096, verbose=False)
+    llm = Llama(model, n_threads=threads, n_ctx=4096, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
+                verbose=False)
+    for _ in llm.create_completion("The", max_tokens=4, stream=True, temperature=0):
+        pass   # warm-up
     rates = []
     for _ in range(reps):
         llm.reset()
@@ -93,7 +105,9 @@ def llama_cpp_python_bench(model: str, threads: int, n_gen: int, reps: int) -> d
             if t_first is None:
                 t_first = time.perf_counter()
         rates.append((n - 1) / (time.perf_counter() - t_first))
-    return {"tg_stream": statistics.mean(rates)}
+    import llama_cpp
+    return {"tg_stream": statistics.mean(rates), "tg_stream_sd": statistics.pstdev(rates),
+            "version": getattr(llama_cpp, "__version__", "?")}
 
 
 def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: str = "auto",
@@ -112,3 +126,23 @@ def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: 
         out[w] = sum(r.generated_tokens for r in res) / dt
     llm.close()
     return out
+
+
+def llama_batched_bench(binary: Path, model: str, widths=(1, 4, 16, 64), n_gen: int = 128,
+                        n_prompt: int = 8, ngl: int = 99, flash_attn: str = "on") -> dict:
+    """llama.cpp's own batched generation figure per width: S_TG, aggregate tokens/s of the
+    generation phase, from llama-batched-bench (same tree, same run)."""
+    fa = {"auto": "auto", "on": "1", "off": "0"}[flash_attn]
+    n_ctx = max(widths) * (n_prompt + n_gen + 8)
+    cmd = [str(binary), "-m", model, "-c", str(n_ctx), "-b", "2048", "-ub", "512", "-ngl", str(ngl),
+           "-fa", fa, "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", ",".join(map(str, widths)),
+           "--output-format", "jsonl"]
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True, text=True)
+    res = {}
+    for line in (out.stdout + "\n" + out.stderr).splitlines():
+        line = line.strip()
+        if line.startswith("{") and '"speed_tg"' in line:
+            row = json.loads(line)
+            res[int(row["pl"])] = float(row["speed_tg"])
+    return res
+

@@ -560,8 +560,21 @@ class LLM:
             max_tokens = params.max_tokens or (1 << 30)
             piece = model.token_to_piece
             try:
+                # Prompts: one multi-sequence batch when they fit in n_batch (one graph
+                # instead of one per prompt), else one decode per prompt.
+                if sum(len(t) for t in toks) <= ctx.n_batch:
+                    flat_tok, flat_pos, flat_seq, flat_out, last = [], [], [], [], []
+                    for i, t in enumerate(toks):
+                        flat_tok += t
+                        flat_pos += range(len(t))
+                        flat_seq += [i] * len(t)
+                        flat_out += [False] * (len(t) - 1) + [True]
+                        last.append(len(flat_tok) - 1)
+                    ctx.decode_multi(flat_tok, flat_pos, flat_seq, flat_out)
+                else:
+                    last = [None] * len(toks)
                 for i, t in enumerate(toks):
-                    idx = ctx.decode(t, i, 0)
+                    idx = ctx.decode(t, i, 0) if last[i] is None else last[i]
                     tok = pick(i, idx)
                     runs[i].t_first = time.perf_counter()
                     self._accept(i, tok, runs, asms, pending, params, model, piece, max_tokens, pos, budget)

@@ -1,0 +1,33 @@
+# Sourced by scripts/device_build.sh and scripts/device_gpu.sh on a GPU machine without
+# network: unpack what scripts/device_bundle.sh carried and export what the build and the
+# runs need. Safe to source more than once.
+#
+# Vulkan (when .devcarry/vulkan exists): the loader goes into / (the device README's way,
+# for libvulkan1 only); glslc, libshaderc and the SPIR-V headers go under /opt/polyllama-vk
+# and reach the build through PATH, LD_LIBRARY_PATH and CMAKE_PREFIX_PATH; the newer
+# Vulkan headers reach buildconfig.py through POLYLLAMA_VULKAN_INCLUDE_DIR. NVIDIA's driver
+# ICD lives in the driver's read-only mount, so the loader is told where it is.
+_devroot=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [ -d "$_devroot/.devcarry/vulkan" ]; then
+  _vk=/opt/polyllama-vk
+  if [ ! -x "$_vk/usr/bin/glslc" ]; then
+    mkdir -p "$_vk"
+    for deb in "$_devroot"/.devcarry/vulkan/debs/*.deb; do
+      case "$(basename "$deb")" in
+        libvulkan1_*) dpkg -x "$deb" / ;;
+        *) dpkg -x "$deb" "$_vk" ;;
+      esac
+    done
+    tar xzf "$_devroot/.devcarry/vulkan/headers.tar.gz" -C "$_vk"
+    ldconfig
+  fi
+  export PATH="$_vk/usr/bin:$PATH"
+  export LD_LIBRARY_PATH="$_vk/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export CMAKE_PREFIX_PATH="$_vk/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export POLYLLAMA_VULKAN_INCLUDE_DIR="$_vk/usr/include"
+  _icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  if [ -f "$_icd" ] && [ -z "${VK_DRIVER_FILES:-}" ]; then
+    export VK_DRIVER_FILES="$_icd"
+  fi
+fi
+unset _devroot _vk _icd
