@@ -25,8 +25,10 @@ for arg in "$@"; do
   esac
 done
 cache=${POLYLLAMA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/polyllama}
-trim=(--exclude='*/docs' --exclude='*/media' --exclude='*/tools/ui' --exclude='*/tools/server/public*'
-      --exclude='*/models/*' --exclude='*/examples/*/*.swift' --exclude='*/app')
+# anchored at llama.cpp/: tools/mtmd/models/ is source code, llama.cpp/models/ is test data
+trim=(--exclude='llama.cpp/docs' --exclude='llama.cpp/media' --exclude='llama.cpp/tools/ui'
+      --exclude='llama.cpp/tools/server/public*' --exclude='llama.cpp/models/*'
+      --exclude='llama.cpp/examples/*/*.swift' --exclude='llama.cpp/app')
 
 python3 scripts/fetch_llama_cpp.py >/dev/null
 mkdir -p .devcarry
