@@ -36,11 +36,11 @@ for step in $steps; do
       POLYLLAMA_GPU_TEST_MODEL=$models/llama-1b-Q4_0.gguf python3 -m pytest -s -v -p no:cacheprovider \
         tests/test_gpu.py 2>&1 | tee "$out/gpu-tests.txt" ;;
     bench)
-      python3 benchmarks/bench_gpu.py --models-dir "$models" --out "$out" --backends "$gpu_backends" \
+      python3 -X faulthandler benchmarks/bench_gpu.py --models-dir "$models" --out "$out" --backends "$gpu_backends" \
         2>&1 | tee "$out/bench.txt" ;;
     *) echo "device_gpu: unknown step $step" >&2; exit 2 ;;
   esac
   rc=${PIPESTATUS[0]}
   echo "device_gpu: $step $(( $(date +%s) - t0 )) s (exit $rc)" | tee -a "$out/steps.txt"
-  touch "$done_dir/$step"
+  [ "$rc" = 0 ] && touch "$done_dir/$step"   # a failed step runs again next time
 done

@@ -85,29 +85,48 @@ def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: i
             "placement": placement}
 
 
+_LCP_CHILD = r"""
+import json, statistics, sys, time
+from llama_cpp import Llama
+import llama_cpp
+a = json.loads(sys.argv[1])
+llm = Llama(a["model"], n_threads=a["threads"], n_ctx=4096, n_gpu_layers=a["ngl"],
+            flash_attn=a["fa"], verbose=False)
+for _ in llm.create_completion("The", max_tokens=4, stream=True, temperature=0):
+    pass   # warm-up
+rates = []
+for _ in range(a["reps"]):
+    llm.reset()
+    t_first, n = None, 0
+    for _ in llm.create_completion("The", max_tokens=a["n_gen"], stream=True, temperature=0):
+        n += 1
+        if t_first is None:
+            t_first = time.perf_counter()
+    rates.append((n - 1) / (time.perf_counter() - t_first))
+print(json.dumps({"tg_stream": statistics.mean(rates), "tg_stream_sd": statistics.pstdev(rates),
+                  "version": getattr(llama_cpp, "__version__", "?")}))
+"""
+
+
 def llama_cpp_python_bench(model: str, threads: int, n_gen: int, reps: int, n_gpu_layers: int = 0,
                            flash_attn: bool = False) -> dict | None:
-    """llama-cpp-python's streamed generation tokens/s (None when it is not installed)."""
-    try:
-        from llama_cpp import Llama
-    except ImportError:
+    """llama-cpp-python's streamed generation tokens/s (None when it is not installed).
+
+    Runs in a child interpreter: llama-cpp-python brings its own shared ggml, and two ggml
+    copies (and two CUDA backends) in one process are not something either project supports.
+    """
+    import importlib.util
+    import sys
+    if importlib.util.find_spec("llama_cpp") is None:
         return None
-    llm = Llama(model, n_threads=threads, n_ctx=4096, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                verbose=False)
-    for _ in llm.create_completion("The", max_tokens=4, stream=True, temperature=0):
-        pass   # warm-up
-    rates = []
-    for _ in range(reps):
-        llm.reset()
-        t_first, n = None, 0
-        for _ in llm.create_completion("The", max_tokens=n_gen, stream=True, temperature=0):
-            n += 1
-            if t_first is None:
-                t_first = time.perf_counter()
-        rates.append((n - 1) / (time.perf_counter() - t_first))
-    import llama_cpp
-    return {"tg_stream": statistics.mean(rates), "tg_stream_sd": statistics.pstdev(rates),
-            "version": getattr(llama_cpp, "__version__", "?")}
+    args = json.dumps({"model": model, "threads": threads, "ngl": n_gpu_layers, "fa": flash_attn,
+                       "reps": reps, "n_gen": n_gen})
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _LCP_CHILD, args],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-cpp-python benchmark failed (exit {proc.returncode}): "
+                           + proc.stderr.strip()[-2000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: str = "auto",

@@ -116,17 +116,38 @@ def _registration_lines(registry: str) -> list[str]:
             if line.startswith(prefix)]
 
 
+def _built_backends() -> list[str]:
+    """Backends CMake compiled in, from build_info.json (empty if it cannot be read)."""
+    try:
+        from .info import build_info
+        return list(build_info().get("backends", []))
+    except (OSError, ValueError):
+        return []
+
+
 def backends() -> list[BackendStatus]:
     """Every backend polyllama knows: compiled in or not, its devices, why unusable."""
-    compiled = set(core.registries())
+    registered = set(core.registries())
+    built = set(_built_backends())
     devs = devices()
     out = []
     for b in buildconfig.BACKENDS:
-        st = BackendStatus(name=b.name, title=b.title, compiled=b.registry in compiled,
+        # a backend can be compiled in and still have no registry: ggml-vulkan, for one,
+        # returns none when the Vulkan loader finds no usable driver at start-up
+        st = BackendStatus(name=b.name, title=b.title,
+                           compiled=b.registry in registered or b.name in built,
                            devices=[d for d in devs if d.backend == b.name])
         if not st.compiled:
             st.reason = (f"not compiled in: rebuild with `make {b.make_target}` or "
                          f"`{b.flag}=1 pip install .`")
+        elif b.registry not in registered:
+            st.reason = f"compiled in, but ggml's {b.title} backend did not start"
+            if b.name == "vulkan":
+                st.reason += (" (the Vulkan loader found no usable driver; "
+                              "VK_LOADER_DEBUG=error shows why)")
+            said = _registration_lines(b.registry)
+            if said:
+                st.reason += "; ggml said: " + " / ".join(said)
         elif not st.devices and b.name not in ("cpu", "rpc", "blas"):
             st.reason = "compiled in, no device found"
             if b.name == "vulkan":
