@@ -1026,3 +1026,73 @@ cdef class Sampler:
 
     def reset(self):
         llama_sampler_reset(self.ptr)
+
+
+# ---------------------------------------------------------------------------------------
+# ggml RPC (issue #8). Both entry points are looked up through the RPC registry's
+# get_proc_address rather than linked directly, so this module still links (and these
+# functions raise cleanly) when the build has no GGML_RPC.
+ctypedef ggml_backend_reg_t (*_rpc_add_server_t)(const char * endpoint) noexcept nogil
+ctypedef void (*_rpc_start_server_t)(const char * endpoint, const char * cache_dir,
+                                     size_t n_threads, size_t n_devices,
+                                     ggml_backend_dev_t * devices) noexcept nogil
+
+cdef void * _rpc_proc(const char * name) except NULL:
+    cdef ggml_backend_reg_t reg = ggml_backend_reg_by_name(b"RPC")
+    cdef void * fn = NULL
+    if reg != NULL:
+        fn = ggml_backend_reg_get_proc_address(reg, name)
+    if fn == NULL:
+        raise PolyllamaError("this build has no RPC backend: rebuild with GGML_RPC=1 (make build-rpc)")
+    return fn
+
+
+def rpc_add_server(str endpoint):
+    """Connect to an rpc-server and register its devices; return their ggml device indices.
+
+    The caller must have probed the endpoint first: ggml aborts the process when it cannot
+    connect. Adding an endpoint twice returns the devices registered the first time (the
+    RPC registry caches servers by endpoint; ggml_backend_device_register does not dedupe).
+    """
+    cdef _rpc_add_server_t fn = <_rpc_add_server_t> _rpc_proc(b"ggml_backend_rpc_add_server")
+    cdef bytes b = endpoint.encode()
+    cdef const char * c = b
+    cdef ggml_backend_reg_t reg
+    cdef ggml_backend_dev_t dev
+    with nogil:
+        reg = fn(c)
+    if reg == NULL:
+        raise PolyllamaError(f"could not add RPC server {endpoint}")
+    out = []
+    for j in range(ggml_backend_reg_dev_count(reg)):
+        dev = ggml_backend_reg_dev_get(reg, j)
+        idx = -1
+        for i in range(ggml_backend_dev_count()):
+            if ggml_backend_dev_get(i) == dev:
+                idx = i
+                break
+        if idx < 0:
+            ggml_backend_device_register(dev)
+            idx = ggml_backend_dev_count() - 1
+        out.append(idx)
+    return out
+
+
+def rpc_start_server(str endpoint, list device_indices, cache_dir=None, int n_threads=1):
+    """Serve the given local devices over ggml RPC. Blocks for the life of the server."""
+    cdef _rpc_start_server_t fn = <_rpc_start_server_t> _rpc_proc(b"ggml_backend_rpc_start_server")
+    cdef size_t n = len(device_indices)
+    if n == 0:
+        raise PolyllamaError("rpc_start_server needs at least one device")
+    cdef ggml_backend_dev_t * devs = <ggml_backend_dev_t *> malloc((n + 1) * sizeof(ggml_backend_dev_t))
+    cdef bytes be = endpoint.encode()
+    cdef bytes bc = cache_dir.encode() if cache_dir else b""
+    cdef const char * ce = be
+    cdef const char * cc = <const char *> bc if cache_dir else NULL
+    cdef size_t nt = n_threads
+    try:
+        _fill_devices(devs, device_indices)
+        with nogil:
+            fn(ce, cc, nt, n, devs)
+    finally:
+        free(devs)

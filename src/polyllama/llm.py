@@ -185,6 +185,8 @@ class LLM:
     n_ctx: context size in tokens (0: the model's training context, fitted to memory).
     n_seq_max: how many prompts generate([...]) decodes in parallel.
     progress: callable(fraction) called while the model loads; return False to abort.
+    rpc_servers: "host:port" endpoints of `python -m polyllama rpc-server`; their devices
+        are registered (see polyllama.add_rpc_server) before the placement is resolved.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, backend: str | None = None,
@@ -194,7 +196,8 @@ class LLM:
                  n_ubatch: int = 512, n_threads: int | None = None,
                  n_threads_batch: int | None = None, n_seq_max: int = 8,
                  flash_attn: str = "auto", memory_margin: int = DEFAULT_MARGIN,
-                 progress: Callable[[float], Any] | None = None, chat_template: str | None = None):
+                 progress: Callable[[float], Any] | None = None, chat_template: str | None = None,
+                 rpc_servers: Sequence[str] | None = None):
         self._lock = threading.RLock()
         self._model = None
         self._ctx = None
@@ -227,6 +230,11 @@ class LLM:
                              n_threads=threads, n_threads_batch=n_threads_batch or threads,
                              flash_attn=flash_attn)
 
+        if rpc_servers:
+            # register the remote devices first so backend="rpc" / device="rpc:N" can see them
+            from .rpc import add_rpc_server
+            for endpoint in ([rpc_servers] if isinstance(rpc_servers, str) else rpc_servers):
+                add_rpc_server(endpoint)
         candidates, skipped = resolve_candidates(backend, device, n_gpu_layers, split_mode,
                                                  tensor_split, main_device)
         for reason in skipped:
