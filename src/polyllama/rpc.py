@@ -4,9 +4,14 @@ The protocol has no authentication and no encryption: anyone who can reach the p
 allocate memory and run graphs on the served device. Bind to loopback or a private
 network only (docs/MORE_THAN_ONE_MACHINE.md).
 
-ggml's RPC client calls GGML_ABORT when it cannot connect or the handshake fails, which
-would kill the whole Python process. `probe()` therefore performs the same HELLO
-handshake from Python, with a timeout, before the endpoint is ever handed to ggml.
+ggml's RPC client has no timeouts and calls GGML_ABORT when a connection fails. Two things
+keep that from hanging or killing the Python process:
+  * `probe()` performs the same HELLO handshake from Python, with a timeout, before the
+    endpoint is handed to ggml (unreachable server, wrong protocol version);
+  * every native call that can reach a server runs under the RPC guard
+    (native/polyllama_native.h): a server lost mid-call raises RemoteDeviceError. The
+    connection to that endpoint is then lost for the rest of the process (ggml-rpc keeps
+    one connection per endpoint and never reconnects), and the model that used it leaks.
 """
 from __future__ import annotations
 
@@ -17,10 +22,14 @@ from typing import List, Tuple
 
 from .errors import PolyllamaError, RemoteDeviceError
 
-__all__ = ["DEFAULT_PORT", "parse_endpoint", "probe", "add_rpc_server", "PROTO_MAJOR",
-           "PROTO_MINOR"]
+__all__ = ["DEFAULT_PORT", "DEFAULT_TIMEOUT", "parse_endpoint", "probe", "add_rpc_server",
+           "lost_endpoints", "PROTO_MAJOR", "PROTO_MINOR"]
 
 DEFAULT_PORT = 50052
+# seconds a call that reaches remote devices (load, decode, free) may take before the server
+# counts as lost; LLM(rpc_timeout=) overrides it. A server that dies is noticed at once
+# (its socket closes); this bounds a server that hangs or a network that drops packets.
+DEFAULT_TIMEOUT = 300.0
 # the pinned ggml-rpc.h: RPC_PROTO_MAJOR_VERSION 7, RPC_PROTO_MINOR_VERSION 0. ggml accepts a
 # server with the same major and a minor not above its own.
 PROTO_MAJOR = 7
@@ -94,13 +103,27 @@ def probe(endpoint: str, timeout: float = 5.0) -> Tuple[int, int, int]:
     return major, minor, patch
 
 
-def add_rpc_server(endpoint: str, timeout: float = 5.0) -> List[int]:
-    """Probe `endpoint`, then register its devices with ggml; return their device indices.
+def lost_endpoints() -> List[str]:
+    """Endpoints whose connection this process lost (they cannot be used again here)."""
+    from . import _extension
+    return sorted(_extension.core.LOST_ENDPOINTS)
 
-    After this, `polyllama.devices()` lists them with backend "rpc", and `LLM(...,
-    backend="rpc")` or `device=` can place layers on them.
+
+def add_rpc_server(endpoint: str, timeout: float = 5.0) -> List[str]:
+    """Probe `endpoint`, then register its devices with ggml; return their ggml names.
+
+    After this, `polyllama.devices()` lists them with backend "rpc" (description: the
+    endpoint), and `LLM(..., backend="rpc")` or `device=` can place layers on them.
+    Adding the same endpoint again returns the same devices.
     """
     from . import _extension
     core = _extension.core
+    host, port = parse_endpoint(endpoint)
+    endpoint = f"{host}:{port}"
+    if endpoint in core.LOST_ENDPOINTS:
+        raise RemoteDeviceError(
+            f"the connection to RPC server {endpoint} was lost earlier in this process, and "
+            "ggml-rpc cannot reconnect to an endpoint it lost: restart the rpc-server and use "
+            "it from a new process (or serve it on another port)")
     probe(endpoint, timeout)
     return core.rpc_add_server(endpoint)
