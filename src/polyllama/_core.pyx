@@ -151,7 +151,10 @@ def device_list():
             with nogil:
                 ggml_backend_dev_memory(dev, &free_mem, &total_mem)
         memset(&props, 0, sizeof(props))
-        ggml_backend_dev_get_props(dev, &props)
+        if registry != "RPC":
+            # ggml-rpc's get_props asks the server for its memory again, outside the guard;
+            # a remote device has no local device id or caps worth reporting anyway
+            ggml_backend_dev_get_props(dev, &props)
         out.append({
             "index": i,
             "name": _s(ggml_backend_dev_name(dev)),
@@ -918,6 +921,8 @@ cdef class Context:
         return _memory_rows(rows)
 
     def clear(self):
+        if self.lost:
+            return   # nothing to clear: the context is abandoned (see _after_remote)
         self._check()
         cdef string err
         cdef int status

@@ -427,7 +427,12 @@ int remote_context_init(remote_worker * w, llama_model * model, llama_context_pa
 int remote_decode(remote_worker * w, llama_context * ctx, llama_batch batch, int32_t * rc,
                   double timeout_s, std::string & err) {
     auto slot = std::make_shared<int32_t>(-1);
-    int status = w->run([=] { *slot = llama_decode(ctx, batch); }, timeout_s, err);
+    // llama_decode returns before the backends finish; the wait for them (and the socket
+    // I/O that can fail) would otherwise happen in llama_get_logits*, outside the guard
+    int status = w->run([=] {
+        *slot = llama_decode(ctx, batch);
+        llama_synchronize(ctx);
+    }, timeout_s, err);
     *rc = *slot;
     return status;
 }
