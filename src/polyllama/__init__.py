@@ -23,7 +23,7 @@ _LAZY = {
     "LLM": "llm", "Tokenizer": "llm", "SamplingParams": "sampling", "GenerationResult": "llm", "Placement": "placement",
     "devices": "discovery", "backends": "discovery", "print_backend_summary": "discovery",
     "Device": "discovery", "BackendStatus": "discovery", "build_info": "info",
-    "estimate_memory": "placement", "set_log_level": "info",
+    "estimate_memory": "placement", "set_log_level": "info", "add_rpc_server": "rpc",
 }
 
 __all__ = sorted(["default_model_path", "fetch_default_model", "__version__", *_errors_all, *_LAZY])

@@ -9,6 +9,7 @@ __dealloc__, and every call into llama.cpp that can take long releases the GIL.
 The user-facing API (polyllama.LLM, devices(), ...) is plain Python on top of this.
 """
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
@@ -26,7 +27,7 @@ import array
 import json
 
 from polyllama.errors import (ContextError, DecodeError, GrammarError, InsufficientMemoryError,
-                              ModelLoadError, PolyllamaError, TemplateError)
+                              ModelLoadError, PolyllamaError, RemoteDeviceError, TemplateError)
 
 # ---------------------------------------------------------------------------------------
 # process-wide setup
@@ -113,25 +114,52 @@ def registry_device_count(str name):
     return ggml_backend_reg_dev_count(reg)
 
 
+# ggml RPC endpoints ("host:port") this process lost; their devices are never asked anything
+# again (ggml-rpc cannot reconnect in the same process). Written by _remote_failure.
+LOST_ENDPOINTS = set()
+# seconds a memory query of a remote device may take before its server counts as lost
+RPC_QUERY_TIMEOUT = 10.0
+
+
 def device_list():
-    """Every ggml device, in ggml's order, with memory queried now."""
+    """Every ggml device, in ggml's order, with memory queried now.
+
+    Remote (RPC) devices are queried through the RPC guard, with a timeout; a device whose
+    server was lost reports 0 bytes instead of being asked.
+    """
     cdef size_t free_mem, total_mem
     cdef ggml_backend_dev_t dev
     cdef ggml_backend_dev_props props
+    cdef string err
+    cdef int status
+    cdef double timeout = RPC_QUERY_TIMEOUT
     out = []
     for i in range(ggml_backend_dev_count()):
         dev = ggml_backend_dev_get(i)
         free_mem = 0
         total_mem = 0
-        with nogil:
-            ggml_backend_dev_memory(dev, &free_mem, &total_mem)
+        registry = _s(ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev)))
+        if registry == "RPC":
+            endpoint = _s(ggml_backend_dev_description(dev))
+            if endpoint not in LOST_ENDPOINTS:
+                with nogil:
+                    status = _native.remote_device_memory(dev, &free_mem, &total_mem, timeout, err)
+                if status != _native.REMOTE_OK:
+                    LOST_ENDPOINTS.add(endpoint)
+                    free_mem = total_mem = 0
+        else:
+            with nogil:
+                ggml_backend_dev_memory(dev, &free_mem, &total_mem)
         memset(&props, 0, sizeof(props))
-        ggml_backend_dev_get_props(dev, &props)
+        if registry != "RPC":
+            # ggml-rpc's get_props asks the server for its memory again, outside the guard;
+            # a remote device has no local device id or caps worth reporting anyway
+            ggml_backend_dev_get_props(dev, &props)
         out.append({
             "index": i,
             "name": _s(ggml_backend_dev_name(dev)),
             "description": _s(ggml_backend_dev_description(dev)),
-            "registry": _s(ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev))),
+            "registry": registry,
             "type": DEVICE_TYPES.get(ggml_backend_dev_type(dev), "unknown"),
             "memory_free": free_mem,
             "memory_total": total_mem,
@@ -170,9 +198,13 @@ cdef class ModelParams:
     cdef float * _split
     cdef llama_model_tensor_buft_override * _overrides
     cdef public object devices
+    # > 0: the device list holds remote (RPC) devices, and calls that can reach them run
+    # through the RPC guard with this timeout in seconds
+    cdef public double remote_timeout
 
     def __cinit__(self):
         self.c = llama_model_default_params()
+        self.remote_timeout = 0
         self._devs = NULL
         self._split = NULL
         self._overrides = NULL
@@ -304,18 +336,67 @@ def fit_params(str path, ModelParams mparams, ContextParams cparams, margins, in
     if mparams._overrides == NULL:
         mparams._overrides = <llama_model_tensor_buft_override *> malloc(nover * sizeof(llama_model_tensor_buft_override))
         memset(mparams._overrides, 0, nover * sizeof(llama_model_tensor_buft_override))
+    cdef double timeout = mparams.remote_timeout
+    cdef int rs = _native.REMOTE_OK
     _native.log_clear()
     try:
         with nogil:
-            status = _native.fit_params(cpath, &mparams.c, &cparams.c, mparams._split,
-                                        mparams._overrides, cmargins, n_ctx_min, err)
+            if timeout > 0:
+                rs = _native.remote_fit_params(cpath, &mparams.c, &cparams.c, mparams._split,
+                                               mparams._overrides, cmargins, n_ctx_min, &status,
+                                               timeout, err)
+            else:
+                status = _native.fit_params(cpath, &mparams.c, &cparams.c, mparams._split,
+                                            mparams._overrides, cmargins, n_ctx_min, err)
     finally:
-        free(cmargins)
+        if rs == _native.REMOTE_OK or rs == _native.REMOTE_ERROR:
+            free(cmargins)
+        # else: a blocked job may still write into cmargins and mparams; both leak
+    if rs == _native.REMOTE_LOST or rs == _native.REMOTE_TIMEOUT:
+        Py_INCREF(mparams)
+    _raise_remote(rs, err, "fitting the model to the devices' memory", mparams.devices)
     mparams.c.tensor_split = mparams._split
     if status == 2:
         raise ModelLoadError(f"memory fitting failed for {path}: {err.decode('utf-8', 'replace')}",
                              log=recent_log_problems())
     return "success" if status == 0 else "failure"
+
+
+# ---------------------------------------------------------------------------------------
+# ggml RPC guard: turning a lost server into RemoteDeviceError (polyllama_native.h says how)
+# ---------------------------------------------------------------------------------------
+def _rpc_endpoints(device_indices):
+    """The endpoints of the RPC devices among ggml device indices."""
+    out = []
+    for i in device_indices or ():
+        dev = ggml_backend_dev_get(i)
+        if _s(ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev))) == "RPC":
+            ep = _s(ggml_backend_dev_description(dev))
+            if ep not in out:
+                out.append(ep)
+    return out
+
+
+cdef int _raise_remote(int status, string & err, str what, object device_indices) except -1:
+    """Raise RemoteDeviceError for a guarded call that did not finish normally."""
+    if status == _native.REMOTE_OK:
+        return 0
+    msg = err.decode("utf-8", "replace")
+    endpoints = _rpc_endpoints(device_indices)
+    where = ", ".join(endpoints) or "an RPC server"
+    if status == _native.REMOTE_ERROR:
+        raise RemoteDeviceError(f"{what} failed on {where}: {msg}")
+    # the call is blocked for good: every endpoint it used is lost to this process
+    LOST_ENDPOINTS.update(endpoints)
+    if status == _native.REMOTE_TIMEOUT:
+        raise RemoteDeviceError(
+            f"{what} got no answer from {where} ({msg}); the connection is given up. "
+            "Check the rpc-server processes and the network, then create a new LLM "
+            "in a new process (ggml-rpc cannot reconnect to an endpoint it lost)")
+    raise RemoteDeviceError(
+        f"lost the connection to {where} while {what} (ggml-rpc: {msg.strip()}). The "
+        "model's memory here and on the surviving servers stays allocated until this "
+        "process exits; restart the rpc-server and use a new process to connect again")
 
 
 # ---------------------------------------------------------------------------------------
@@ -335,22 +416,50 @@ cdef class Model:
     cdef const llama_vocab * vocab
     cdef readonly str path
     cdef object __weakref__
+    # RPC guard (only for models with remote devices): the worker that runs calls which
+    # can reach a server, its timeout, and whether a call was given up (then nothing of
+    # this model may be freed: a blocked thread still uses it)
+    cdef _native.remote_worker * worker
+    cdef readonly double remote_timeout
+    cdef public bint lost
+    cdef object _params
+    cdef object _progress
 
     def __cinit__(self):
         self.ptr = NULL
         self.vocab = NULL
+        self.worker = NULL
+        self.remote_timeout = 0
+        self.lost = False
 
     def __init__(self, str path, ModelParams params, progress_callback=None):
         cdef bytes bpath = path.encode()
         cdef const char * cpath = bpath
         cdef llama_model_params p = params.c
+        cdef string err
+        cdef int status = _native.REMOTE_OK
+        cdef llama_model * loaded = NULL
         self.path = path
+        self._params = params            # params.c points into it; a blocked load may read it
+        self._progress = progress_callback
+        self.remote_timeout = params.remote_timeout
         if progress_callback is not None:
             p.progress_callback = <llama_progress_callback> _progress_trampoline
             p.progress_callback_user_data = <void *> progress_callback
         _native.log_clear()
-        with nogil:
-            self.ptr = llama_model_load_from_file(cpath, p)
+        if self.remote_timeout > 0:
+            self.worker = _native.remote_worker_new()
+            with nogil:
+                status = _native.remote_model_load(self.worker, cpath, p, &loaded,
+                                                   self.remote_timeout, err)
+            if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
+                self.lost = True
+                Py_INCREF(self)  # the blocked load holds pointers into this object
+            _raise_remote(status, err, "loading the model", params.devices)
+            self.ptr = loaded
+        else:
+            with nogil:
+                self.ptr = llama_model_load_from_file(cpath, p)
         if self.ptr == NULL:
             problems = recent_log_problems()
             raise ModelLoadError(f"llama.cpp could not load {path}" +
@@ -358,20 +467,36 @@ cdef class Model:
         self.vocab = llama_model_get_vocab(self.ptr)
 
     def __dealloc__(self):
-        if self.ptr != NULL:
-            llama_model_free(self.ptr)
-            self.ptr = NULL
+        self._free()
+
+    cdef void _free(self) noexcept:
+        cdef string err
+        cdef int status
+        if self.ptr != NULL and not self.lost:
+            if self.worker != NULL:
+                with nogil:
+                    status = _native.remote_model_free(self.worker, self.ptr, self.remote_timeout, err)
+                if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
+                    self.lost = True
+            else:
+                llama_model_free(self.ptr)
+        # a lost model is leaked on purpose: a thread blocked on its server still uses it
+        self.ptr = NULL
+        self.vocab = NULL
+        if self.worker != NULL:
+            _native.remote_worker_release(self.worker)
+            self.worker = NULL
 
     cdef int _check(self) except -1:
+        if self.lost:
+            raise RemoteDeviceError("this model lost its connection to an RPC server; "
+                                    "load it again (in a new process to reach that server)")
         if self.ptr == NULL:
             raise PolyllamaError("the model is closed")
         return 0
 
     def close(self):
-        if self.ptr != NULL:
-            llama_model_free(self.ptr)
-            self.ptr = NULL
-            self.vocab = NULL
+        self._free()
 
     @property
     def closed(self):
@@ -661,21 +786,40 @@ cdef class Context:
     cdef int n_seq_batch
     cdef public bint cancel_requested
     cdef readonly int n_vocab
+    # RPC guard, as in Model (a context has a worker of its own: decode runs there)
+    cdef _native.remote_worker * worker
+    cdef readonly double remote_timeout
+    cdef public bint lost
 
     def __cinit__(self):
         self.ptr = NULL
         self.batch_cap = 0
+        self.worker = NULL
+        self.remote_timeout = 0
+        self.lost = False
 
     def __init__(self, Model model, ContextParams params):
         model._check()
         self.model = model
         self.n_vocab = model.n_vocab
         cdef llama_context_params p = params.c
+        cdef string err
+        cdef int status
+        cdef llama_context * created = NULL
         p.abort_callback = <ggml_abort_callback> _abort_trampoline
         p.abort_callback_data = <void *> self
         _native.log_clear()
-        with nogil:
-            self.ptr = llama_init_from_model(model.ptr, p)
+        self.remote_timeout = model.remote_timeout
+        if self.remote_timeout > 0:
+            self.worker = _native.remote_worker_new()
+            with nogil:
+                status = _native.remote_context_init(self.worker, model.ptr, p, &created,
+                                                     self.remote_timeout, err)
+            self._after_remote(status, err, "creating the context")
+            self.ptr = created
+        else:
+            with nogil:
+                self.ptr = llama_init_from_model(model.ptr, p)
         if self.ptr == NULL:
             problems = recent_log_problems()
             raise ContextError("llama.cpp could not create a context" +
@@ -688,17 +832,46 @@ cdef class Context:
         self._free()
 
     cdef void _free(self) noexcept:
+        cdef string err
+        cdef int status
+        if self.lost:
+            # leaked on purpose, batch included: a thread blocked on a lost server uses them
+            self.ptr = NULL
+            self.batch_cap = 0
+        if self.ptr != NULL and self.worker != NULL:
+            with nogil:
+                status = _native.remote_context_free(self.worker, self.ptr, self.remote_timeout, err)
+            if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
+                self.lost = True
+                self.model.lost = True
+                self.batch_cap = 0
+            self.ptr = NULL
         if self.batch_cap:
             llama_batch_free(self.batch)
             self.batch_cap = 0
         if self.ptr != NULL:
             llama_free(self.ptr)
             self.ptr = NULL
+        if self.worker != NULL:
+            _native.remote_worker_release(self.worker)
+            self.worker = NULL
+
+    cdef int _after_remote(self, int status, string & err, str what) except -1:
+        if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
+            # a thread is blocked inside this context for good: it and its model leak, and
+            # this object stays alive for it (it reads the batch and the abort callback)
+            self.lost = True
+            self.model.lost = True
+            Py_INCREF(self)
+        return _raise_remote(status, err, what, self.model._params.devices)
 
     def close(self):
         self._free()
 
     cdef int _check(self) except -1:
+        if self.lost:
+            raise RemoteDeviceError("this context lost its connection to an RPC server; "
+                                    "create a new LLM (in a new process to reach that server)")
         if self.ptr == NULL:
             raise PolyllamaError("the context is closed")
         if self.model.ptr == NULL:
@@ -735,11 +908,30 @@ cdef class Context:
     def memory(self):
         """What this context and its model actually allocated, per device, last row the host."""
         self._check()
-        cdef vector[_native.device_memory] rows = _native.context_device_memory(self.ptr)
+        cdef vector[_native.device_memory] rows
+        cdef string err
+        cdef int status
+        if self.worker != NULL:
+            with nogil:
+                status = _native.remote_context_memory(self.worker, self.ptr, rows,
+                                                       self.remote_timeout, err)
+            self._after_remote(status, err, "querying device memory")
+        else:
+            rows = _native.context_device_memory(self.ptr)
         return _memory_rows(rows)
 
     def clear(self):
-        self._check(); llama_memory_clear(llama_get_memory(self.ptr), True)
+        if self.lost:
+            return   # nothing to clear: the context is abandoned (see _after_remote)
+        self._check()
+        cdef string err
+        cdef int status
+        if self.worker != NULL:
+            with nogil:
+                status = _native.remote_memory_clear(self.worker, self.ptr, self.remote_timeout, err)
+            self._after_remote(status, err, "clearing the KV cache")
+        else:
+            llama_memory_clear(llama_get_memory(self.ptr), True)
 
     def seq_rm(self, int seq_id, int p0=-1, int p1=-1):
         self._check(); return llama_memory_seq_rm(llama_get_memory(self.ptr), seq_id, p0, p1)
@@ -749,9 +941,17 @@ cdef class Context:
 
     cdef int _decode(self, int n) except -1:
         cdef int32_t rc
+        cdef string err
+        cdef int status
         self.batch.n_tokens = n
-        with nogil:
-            rc = llama_decode(self.ptr, self.batch)
+        if self.worker != NULL:
+            with nogil:
+                status = _native.remote_decode(self.worker, self.ptr, self.batch, &rc,
+                                               self.remote_timeout, err)
+            self._after_remote(status, err, "decoding")
+        else:
+            with nogil:
+                rc = llama_decode(self.ptr, self.batch)
         if rc == 0:
             return 0
         if rc == 2:
@@ -1026,3 +1226,82 @@ cdef class Sampler:
 
     def reset(self):
         llama_sampler_reset(self.ptr)
+
+
+# ---------------------------------------------------------------------------------------
+# ggml RPC (issue #8). Both entry points are looked up through the RPC registry's
+# get_proc_address rather than linked directly, so this module still links (and these
+# functions raise cleanly) when the build has no GGML_RPC.
+ctypedef void (*_rpc_start_server_t)(const char * endpoint, const char * cache_dir,
+                                     size_t n_threads, size_t n_devices,
+                                     ggml_backend_dev_t * devices) noexcept nogil
+
+cdef void * _rpc_proc(const char * name) except NULL:
+    cdef ggml_backend_reg_t reg = ggml_backend_reg_by_name(b"RPC")
+    cdef void * fn = NULL
+    if reg != NULL:
+        fn = ggml_backend_reg_get_proc_address(reg, name)
+    if fn == NULL:
+        raise PolyllamaError("this build has no RPC backend: rebuild with GGML_RPC=1 (make build-rpc)")
+    return fn
+
+
+def rpc_add_server(str endpoint, double timeout=30.0):
+    """Connect to an rpc-server and register its devices with ggml; return their ggml names.
+
+    ggml-rpc aborts the process when it cannot connect; here the connection is made on a
+    guarded worker (polyllama_native.h), so a failure raises RemoteDeviceError. The caller
+    should still probe the endpoint first (polyllama.rpc.probe): it has a connect timeout,
+    ggml does not. Adding an endpoint again returns the same devices: ggml-rpc keeps one
+    registry per endpoint, and it is registered with ggml only once.
+    """
+    cdef void * fn = _rpc_proc(b"ggml_backend_rpc_add_server")
+    cdef bytes b = endpoint.encode()
+    cdef const char * c = b
+    cdef ggml_backend_reg_t reg = NULL
+    cdef string err
+    cdef int status
+    _native.remote_guard_install()
+    with nogil:
+        status = _native.remote_add_server(fn, c, &reg, timeout, err)
+    if status != _native.REMOTE_OK:
+        if status != _native.REMOTE_ERROR:
+            LOST_ENDPOINTS.add(endpoint)
+        raise RemoteDeviceError(f"could not add RPC server {endpoint}: "
+                                f"{err.decode('utf-8', 'replace').strip()}")
+    # the registry's devices, found in ggml's global list by identity (ggml names them
+    # RPC<n> in the order servers were added, so names, not positions, identify them)
+    wanted = set()
+    for j in range(ggml_backend_reg_dev_count(reg)):
+        wanted.add(<size_t> ggml_backend_reg_dev_get(reg, j))
+    names = [_s(ggml_backend_dev_name(ggml_backend_dev_get(i))) for i in range(ggml_backend_dev_count())
+             if <size_t> ggml_backend_dev_get(i) in wanted]
+    if len(names) != len(wanted):
+        raise RemoteDeviceError(f"RPC server {endpoint}: {len(wanted)} device(s) reported, "
+                                f"{len(names)} registered with ggml")
+    return names
+
+
+def rpc_failure_count():
+    """How many ggml-rpc connections died in this process (their threads are parked)."""
+    return _native.remote_failure_count()
+
+
+def rpc_start_server(str endpoint, list device_indices, cache_dir=None, int n_threads=1):
+    """Serve the given local devices over ggml RPC. Blocks for the life of the server."""
+    cdef _rpc_start_server_t fn = <_rpc_start_server_t> _rpc_proc(b"ggml_backend_rpc_start_server")
+    cdef size_t n = len(device_indices)
+    if n == 0:
+        raise PolyllamaError("rpc_start_server needs at least one device")
+    cdef ggml_backend_dev_t * devs = <ggml_backend_dev_t *> malloc((n + 1) * sizeof(ggml_backend_dev_t))
+    cdef bytes be = endpoint.encode()
+    cdef bytes bc = cache_dir.encode() if cache_dir else b""
+    cdef const char * ce = be
+    cdef const char * cc = <const char *> bc if cache_dir else NULL
+    cdef size_t nt = n_threads
+    try:
+        _fill_devices(devs, device_indices)
+        with nogil:
+            fn(ce, cc, nt, n, devs)
+    finally:
+        free(devs)

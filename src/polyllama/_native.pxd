@@ -1,12 +1,14 @@
 # Declarations of polyllama's own C++ layer (native/polyllama_native.h): the parts of
 # llama.cpp that are C++ only (libcommon's memory fitting, chat templates, grammars).
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
 from libcpp.vector cimport vector
 
-from polyllama.includes.llama cimport (llama_context, llama_context_params, llama_model,
-                                       llama_model_params, llama_model_tensor_buft_override)
+from polyllama.includes.ggml_backend cimport ggml_backend_dev_t, ggml_backend_reg_t
+from polyllama.includes.llama cimport (llama_batch, llama_context, llama_context_params,
+                                       llama_model, llama_model_params,
+                                       llama_model_tensor_buft_override)
 
 
 cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
@@ -54,3 +56,37 @@ cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
                            const string & text,
                            string & message_json, string & err)
     cbool json_schema_to_gbnf(const string & schema_json, string & grammar, string & err)
+
+    # ggml RPC guard (see polyllama_native.h)
+    cdef enum remote_status:
+        REMOTE_OK
+        REMOTE_ERROR
+        REMOTE_LOST
+        REMOTE_TIMEOUT
+    cdef cppclass remote_worker:
+        pass
+    void remote_guard_install()
+    uint64_t remote_failure_count()
+    string remote_last_failure()
+    remote_worker * remote_worker_new()
+    void remote_worker_release(remote_worker * w)
+    cbool remote_worker_stuck(const remote_worker * w)
+    int remote_model_load(remote_worker * w, const char * path, llama_model_params params,
+                          llama_model ** out, double timeout_s, string & err)
+    int remote_context_init(remote_worker * w, llama_model * model, llama_context_params params,
+                            llama_context ** out, double timeout_s, string & err)
+    int remote_decode(remote_worker * w, llama_context * ctx, llama_batch batch, int32_t * rc,
+                      double timeout_s, string & err)
+    int remote_memory_clear(remote_worker * w, llama_context * ctx, double timeout_s, string & err)
+    int remote_context_free(remote_worker * w, llama_context * ctx, double timeout_s, string & err)
+    int remote_model_free(remote_worker * w, llama_model * model, double timeout_s, string & err)
+    int remote_context_memory(remote_worker * w, const llama_context * ctx,
+                              vector[device_memory] & out, double timeout_s, string & err)
+    int remote_device_memory(ggml_backend_dev_t dev, size_t * free, size_t * total,
+                             double timeout_s, string & err)
+    int remote_add_server(void * add_server_fn, const char * endpoint, ggml_backend_reg_t * out,
+                          double timeout_s, string & err)
+    int remote_fit_params(const char * path, llama_model_params * mparams,
+                          llama_context_params * cparams, float * tensor_split,
+                          llama_model_tensor_buft_override * overrides, size_t * margins,
+                          uint32_t n_ctx_min, int * status, double timeout_s, string & err)

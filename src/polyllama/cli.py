@@ -1,4 +1,4 @@
-"""`python -m polyllama` / `polyllama`: info, devices, run, chat, model.
+"""`python -m polyllama` / `polyllama`: info, devices, run, chat, model, rpc-server.
 
 `run` and `chat` take llama.cpp's own flag spellings (-m -p -n -c -t --temp --top-k
 --top-p --seed -ngl --device --list-devices -sm -ts -mg) and default to the embedded
@@ -182,6 +182,82 @@ def cmd_model(args) -> int:
     return 0
 
 
+def cmd_rpc_server(args) -> int:
+    """Serve one local device over ggml RPC until Ctrl-C / SIGTERM."""
+    import os
+    import threading
+    from . import rpc
+    from .discovery import devices
+    from .errors import DeviceNotFoundError, PolyllamaError
+    from ._extension import core
+    host = args.host if args.host is not None else "127.0.0.1"
+    # the protocol has no authentication: say so every time, louder when it is not loopback
+    print("polyllama rpc-server: WARNING: the ggml RPC protocol has no authentication and no "
+          "encryption; anyone who can reach this port can use the device. Never expose it to "
+          "an untrusted network.", file=sys.stderr, flush=True)
+    if not rpc.is_loopback(host):
+        if args.host is None:   # unreachable today; kept so a future default cannot widen it
+            raise PolyllamaError("refusing a non-loopback bind without an explicit --host")
+        print(f"polyllama rpc-server: WARNING: listening on {host}, reachable from the network",
+              file=sys.stderr, flush=True)
+    devs = devices()
+    chosen = None
+    if args.device is not None:
+        want = args.device
+        for d in devs:
+            if want in (str(d.index), d.name, d.spec) or want.lower() == d.name.lower():
+                chosen = d
+        if chosen is None:
+            raise DeviceNotFoundError(f"no device {want!r}; devices: {', '.join(d.spec + ' ' + d.name for d in devs)}")
+    else:
+        backend = (args.backend or "cpu").lower()
+        chosen = next((d for d in devs if d.backend == backend), None)
+        if chosen is None:
+            raise DeviceNotFoundError(f"no {backend} device in this build/machine; devices: "
+                                      f"{', '.join(d.spec for d in devs)}")
+    if chosen.backend == "rpc":
+        raise PolyllamaError("an rpc-server cannot serve a remote (rpc) device")
+    # ggml prints "Failed to create server socket" and returns when the port is taken;
+    # binding once here first turns that into a clear error
+    import socket
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, args.port))
+    except OSError as e:
+        raise PolyllamaError(f"cannot listen on {host}:{args.port}: {e.strerror or e}") from None
+    endpoint = f"{host}:{args.port}"
+    threads = args.threads or os.cpu_count() or 1
+    # ggml_backend_rpc_start_server never returns while it serves, and a thread blocked in
+    # C cannot be interrupted: it runs in a daemon thread while the main thread waits for
+    # signals, and Ctrl-C/SIGTERM end the process (the OS closes the sockets).
+    failed = []
+
+    def serve():
+        try:
+            core.rpc_start_server(endpoint, [chosen.index], args.cache, threads)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            failed.append(e)
+
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    t = threading.Thread(target=serve, name="rpc-server", daemon=True)
+    print(f"polyllama rpc-server: serving {chosen.spec} ({chosen.name}, {chosen.description}) "
+          f"on {endpoint}, {threads} threads; Ctrl-C stops", file=sys.stderr, flush=True)
+    t.start()
+    try:
+        while t.is_alive():
+            t.join(0.5)
+    except KeyboardInterrupt:
+        print("polyllama rpc-server: stopped", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)   # skip interpreter teardown: the serving thread is still inside ggml
+    if failed:
+        raise failed[0]
+    raise PolyllamaError(f"the RPC server on {endpoint} stopped (see the messages above)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="polyllama", description="llama.cpp on the device you choose")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -202,6 +278,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_chat)
     p = sub.add_parser("model", help="fetch the default model, print its path")
     p.set_defaults(func=cmd_model)
+    p = sub.add_parser("rpc-server", help="serve one local device to other machines over ggml RPC "
+                                          "(no authentication: trusted networks only)")
+    p.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1; "
+                                                  "anything else is reachable from the network)")
+    p.add_argument("-p", "--port", type=int, default=50052)
+    p.add_argument("--backend", default=None, help="serve the first device of this backend (default cpu)")
+    p.add_argument("-d", "--device", default=None, help="device to serve: index, backend:N or ggml name")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (CPU device)")
+    p.add_argument("-c", "--cache", default=None, help="directory caching large tensors sent by clients")
+    p.set_defaults(func=cmd_rpc_server)
     return ap
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "ContextError",
     "ContextOverflowError",
     "DecodeError",
+    "RemoteDeviceError",
     "GrammarError",
     "TemplateError",
     "ModelFetchError",
@@ -93,6 +94,10 @@ class ContextOverflowError(ContextError, ValueError):
 
 class DecodeError(PolyllamaError):
     """llama_decode failed."""
+
+
+class RemoteDeviceError(PolyllamaError, ConnectionError):
+    """A ggml RPC server is unreachable, speaks another protocol version, or went away."""
 
 
 class GrammarError(PolyllamaError, ValueError):

@@ -185,6 +185,14 @@ class LLM:
     n_ctx: context size in tokens (0: the model's training context, fitted to memory).
     n_seq_max: how many prompts generate([...]) decodes in parallel.
     progress: callable(fraction) called while the model loads; return False to abort.
+    rpc_servers: "host:port" endpoints of `python -m polyllama rpc-server`; their devices
+        are registered (see polyllama.add_rpc_server) before the placement is resolved.
+        Without device=, layers go to those servers' devices (split by tensor_split) and
+        whatever n_gpu_layers leaves over stays on the local CPU; to add a local GPU, list
+        it with the remote devices in device=. docs/MORE_THAN_ONE_MACHINE.md.
+    rpc_timeout: seconds one call that reaches a remote device (load, decode, free) may
+        take before its server counts as lost (default polyllama.rpc.DEFAULT_TIMEOUT). A
+        server that dies is noticed at once; this bounds one that hangs.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, backend: str | None = None,
@@ -194,7 +202,8 @@ class LLM:
                  n_ubatch: int = 512, n_threads: int | None = None,
                  n_threads_batch: int | None = None, n_seq_max: int = 8,
                  flash_attn: str = "auto", memory_margin: int = DEFAULT_MARGIN,
-                 progress: Callable[[float], Any] | None = None, chat_template: str | None = None):
+                 progress: Callable[[float], Any] | None = None, chat_template: str | None = None,
+                 rpc_servers: Sequence[str] | None = None, rpc_timeout: float | None = None):
         self._lock = threading.RLock()
         self._model = None
         self._ctx = None
@@ -227,8 +236,22 @@ class LLM:
                              n_threads=threads, n_threads_batch=n_threads_batch or threads,
                              flash_attn=flash_attn)
 
+        if rpc_timeout is not None and not rpc_timeout > 0:
+            raise ValueError(f"rpc_timeout must be a positive number of seconds, got {rpc_timeout!r}")
+        if rpc_servers:
+            # register the remote devices first so backend="rpc" / device="rpc:N" can see them
+            from .rpc import add_rpc_server
+            remote: list[str] = []
+            for endpoint in ([rpc_servers] if isinstance(rpc_servers, str) else rpc_servers):
+                remote += [n for n in add_rpc_server(endpoint) if n not in remote]
+            if device is None and (backend or "auto") in ("auto", "rpc") \
+                    and not os.environ.get("POLYLLAMA_DEVICE"):
+                # the servers named here, not every RPC device this process has seen
+                device = remote
         candidates, skipped = resolve_candidates(backend, device, n_gpu_layers, split_mode,
                                                  tensor_split, main_device)
+        for cand in candidates:
+            cand.rpc_timeout = rpc_timeout
         for reason in skipped:
             log.info("polyllama: skipped %s", reason)
         last_error: Exception | None = None
@@ -276,7 +299,9 @@ class LLM:
         self.placement = Placement(backend=cand.backend if ngl > 0 else "cpu",
                                    devices=used if ngl > 0 and used else ["CPU"],
                                    n_gpu_layers=ngl, n_layers=n_layers, memory=mem,
-                                   skipped=list(skipped), fitted=fitted)
+                                   skipped=list(skipped), fitted=fitted,
+                                   remote={d.name: d.description for d in cand.devices
+                                           if d.backend == "rpc"})
         log.info("polyllama: %s", self.placement)
 
     def _memory_error(self, cand: Candidate, cp, what: str) -> InsufficientMemoryError:

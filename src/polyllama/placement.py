@@ -35,6 +35,7 @@ class Candidate:
     main_gpu: int = 0              # index into `devices`
     tensor_split: list[float] | None = None
     n_gpu_layers: int | str = "auto"
+    rpc_timeout: float | None = None   # seconds, for candidates with remote (rpc) devices
 
     def describe(self) -> str:
         if not self.devices:
@@ -52,9 +53,10 @@ class Placement:
     memory: list[dict] = field(default_factory=list)   # per device: model/context/compute bytes
     skipped: list[str] = field(default_factory=list)   # why earlier candidates were not used
     fitted: bool = False                   # n_gpu_layers chosen by llama.cpp's memory fitting
+    remote: dict[str, str] = field(default_factory=dict)  # RPC device name -> "host:port"
 
     def __str__(self) -> str:
-        where = ", ".join(self.devices)
+        where = ", ".join(f"{d} ({self.remote[d]})" if d in self.remote else d for d in self.devices)
         s = f"{self.backend} on {where}: {self.n_gpu_layers}/{self.n_layers} layers offloaded"
         if self.skipped:
             s += "; skipped: " + "; ".join(self.skipped)
@@ -233,9 +235,14 @@ def model_params(c: Candidate, vocab_only: bool = False):
     ngl = None if c.n_gpu_layers == "auto" else c.n_gpu_layers
     if not c.devices:
         ngl = 0
-    return core.ModelParams(devices=[d.index for d in c.devices], n_gpu_layers=ngl,
-                            split_mode=c.split_mode, main_gpu=c.main_gpu,
-                            tensor_split=c.tensor_split, vocab_only=vocab_only)
+    mp = core.ModelParams(devices=[d.index for d in c.devices], n_gpu_layers=ngl,
+                          split_mode=c.split_mode, main_gpu=c.main_gpu,
+                          tensor_split=c.tensor_split, vocab_only=vocab_only)
+    if any(d.backend == "rpc" for d in c.devices):
+        # calls that reach a remote device go through the RPC guard (polyllama.rpc)
+        from .rpc import DEFAULT_TIMEOUT
+        mp.remote_timeout = c.rpc_timeout or DEFAULT_TIMEOUT
+    return mp
 
 
 def estimate_memory(model_path: str | os.PathLike, n_ctx: int = 4096, *, backend: str | None = "auto",

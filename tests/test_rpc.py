@@ -1,0 +1,228 @@
+"""ggml RPC (issue #8), loopback only: real rpc-server processes, the real model.
+
+Every server is a `python -m polyllama rpc-server` subprocess started by a fixture on a
+free port and killed in its teardown. A connection ggml-rpc lost cannot be reopened in
+the same process, so each test gets servers of its own, and the test that kills a server
+runs its client in a subprocess too (an abort there fails the test instead of pytest).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from polyllama import LLM, PolyllamaError, RemoteDeviceError, devices
+from polyllama._extension import core
+from polyllama.rpc import PROTO_MAJOR, add_rpc_server, probe
+
+ROOT = Path(__file__).resolve().parent.parent
+THREADS = 1          # per server and client: the machine has 2 cores, shared
+PROMPT = "Once upon a time"
+
+pytestmark = pytest.mark.skipif("RPC" not in core.registries(),
+                                reason="the extension was built without the RPC backend "
+                                       "(rebuild with GGML_RPC=1 make build)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+class Server:
+    """One `python -m polyllama rpc-server` on 127.0.0.1, its output in a file."""
+
+    def __init__(self, tmp_path: Path, name: str):
+        self.port = free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.log = tmp_path / f"{name}.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "polyllama", "rpc-server", "--host", "127.0.0.1",
+                 "--port", str(self.port), "--backend", "cpu", "-t", str(THREADS)],
+                stdout=out, stderr=subprocess.STDOUT, env=_env())
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"rpc-server exited with {self.proc.returncode}: {self.output()}")
+            try:
+                probe(self.endpoint, timeout=2)
+                return
+            except RemoteDeviceError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"rpc-server did not answer within 60 s: {self.output()}")
+                time.sleep(0.2)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def servers(tmp_path):
+    started: list[Server] = []
+    try:
+        for name in ("a", "b"):
+            started.append(Server(tmp_path, name))
+        yield started
+    finally:
+        for s in started:
+            s.stop()
+
+
+def greedy_tokens(llm: LLM, n: int = 24) -> list[int]:
+    return llm.generate(PROMPT, max_tokens=n, temperature=0, ignore_eos=True).tokens
+
+
+def test_split_over_two_servers_matches_local(model_path, servers):
+    with LLM(model_path, backend="cpu", n_threads=THREADS, n_ctx=512) as local:
+        expected = greedy_tokens(local)
+    a, b = servers
+    # 20 of the 31 layers remote (1:2 between the servers), the other 11 on the local CPU
+    with LLM(model_path, rpc_servers=[a.endpoint, b.endpoint], n_gpu_layers=20,
+             tensor_split=[1, 2], n_threads=THREADS, n_ctx=512) as split:
+        p = split.placement
+        assert p.backend == "rpc" and p.n_gpu_layers == 20
+        assert sorted(p.remote.values()) == sorted([a.endpoint, b.endpoint])
+        mem = {r["device"]: r for r in p.memory}
+        remote_bytes = [mem[name]["model"] for name in p.remote]
+        assert all(x > 0 for x in remote_bytes), p.memory
+        assert mem["Host"]["model"] > 0          # the layers left on the local CPU
+        assert greedy_tokens(split) == expected
+        assert f"({a.endpoint})" in str(p)
+    rpc_devs = [d for d in devices() if d.backend == "rpc"]
+    mine = [d for d in rpc_devs if d.description in (a.endpoint, b.endpoint)]
+    assert len(mine) == 2 and all(d.memory_total > 0 for d in mine)
+    assert all(d.spec.startswith("rpc:") for d in mine)
+    # the same endpoint again: the same device, not a second one
+    names = add_rpc_server(a.endpoint)
+    assert len([d for d in devices() if d.backend == "rpc"]) == len(rpc_devs)
+    assert names == [d.name for d in mine if d.description == a.endpoint]
+
+
+def test_backend_rpc_puts_all_layers_remote(model_path, servers):
+    a, b = servers
+    with LLM(model_path, backend="rpc", rpc_servers=[a.endpoint, b.endpoint],
+             n_threads=THREADS, n_ctx=512) as m:
+        assert m.placement.n_gpu_layers == m.placement.n_layers
+        mem = {r["device"]: r for r in m.placement.memory}
+        assert all(mem[name]["model"] > 0 for name in m.placement.remote)
+        assert m.generate("The capital of France is", max_tokens=4).text.strip()
+
+
+# The client that loses a server: prints one JSON line with what happened.
+KILL_CLIENT = textwrap.dedent("""
+    import json, os, signal, sys, time
+    from polyllama import LLM, RemoteDeviceError
+    model, ep_a, ep_b, victim = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    out = {}
+    m = LLM(model, rpc_servers=[ep_a, ep_b], n_gpu_layers=20, n_threads=1, n_ctx=512)
+    pieces, t_kill = 0, None
+    try:
+        for _ in m.stream("Once upon a time", max_tokens=400, temperature=0, ignore_eos=True):
+            pieces += 1
+            if pieces == 8:
+                t_kill = time.monotonic()
+                os.kill(victim, signal.SIGKILL)
+        out["error"] = None
+    except RemoteDeviceError as e:
+        out["error"] = str(e)
+        out["seconds_to_error"] = time.monotonic() - t_kill
+    out["pieces"] = pieces
+    m.close()
+    try:
+        LLM(model, rpc_servers=[ep_b], n_threads=1, n_ctx=512)
+        out["reuse"] = None
+    except RemoteDeviceError as e:
+        out["reuse"] = str(e)
+    with LLM(model, backend="cpu", n_threads=1, n_ctx=512) as local:
+        out["local_after"] = local.generate("The capital of France is", max_tokens=8).text
+    print("RESULT " + json.dumps(out), flush=True)
+""")
+
+
+def test_server_killed_mid_generation_raises_and_process_survives(model_path, servers):
+    a, b = servers
+    proc = subprocess.Popen([sys.executable, "-c", KILL_CLIENT, model_path, a.endpoint,
+                             b.endpoint, str(b.proc.pid)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    try:
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 0, f"the client died (rc {proc.returncode}):\n{output[-3000:]}"
+    line = next(l for l in output.splitlines() if l.startswith("RESULT "))
+    res = json.loads(line[len("RESULT "):])
+    assert res["error"] is not None, f"no exception after the server was killed: {res}"
+    assert "lost the connection" in res["error"] and b.endpoint in res["error"]
+    assert res["seconds_to_error"] < 10, res
+    assert b.proc.wait(timeout=10) == -signal.SIGKILL
+    assert "cannot reconnect" in res["reuse"]
+    assert "Paris" in res["local_after"]
+
+
+def test_closed_port_raises_quickly(model_path):
+    endpoint = f"127.0.0.1:{free_port()}"   # nothing listens there
+    t0 = time.monotonic()
+    with pytest.raises(RemoteDeviceError, match="cannot reach RPC server"):
+        LLM(model_path, rpc_servers=[endpoint], n_threads=THREADS)
+    assert time.monotonic() - t0 < 10
+
+
+def test_wrong_protocol_version_is_refused():
+    # a listener answering HELLO like an rpc-server of another major version
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+
+    def answer():
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(1 + 8 + 24)
+            conn.sendall((28).to_bytes(8, "little") + bytes([PROTO_MAJOR + 1, 0, 0, 0]) + bytes(24))
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(RemoteDeviceError, match="speaks protocol"):
+            add_rpc_server(f"127.0.0.1:{port}")
+    finally:
+        t.join(timeout=5)
+        srv.close()
+
+
+def test_bad_endpoint_is_a_polyllama_error(model_path):
+    with pytest.raises(PolyllamaError, match="host:port"):
+        LLM(model_path, rpc_servers=["no-port-here"])
+
+
+def test_server_warns_and_stops_on_ctrl_c(servers):
+    s = servers[0]
+    assert "no authentication" in s.output()
+    s.proc.send_signal(signal.SIGINT)
+    assert s.proc.wait(timeout=10) == 0
+    assert "stopped" in s.output()
