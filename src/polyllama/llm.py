@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ._extension import core
 from .errors import (ConflictingArgumentsError, ContextError, ContextOverflowError, GrammarError,
                      InsufficientMemoryError, ModelLoadError, PolyllamaError)
+from .gguf_check import check_gguf
 from .models import default_model_path
 from .placement import (DEFAULT_MARGIN, Candidate, Placement, model_params, resolve_candidates)
 from .sampling import SamplingParams, build_sampler, is_plain_greedy
@@ -140,7 +141,8 @@ class Tokenizer:
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise ModelLoadError(f"model file not found: {self.path}")
-        self._model = core.Model(self.path, core.ModelParams(devices=[], n_gpu_layers=0, vocab_only=True))
+        check_gguf(self.path)
+        self._model = _load_model(self.path, core.ModelParams(devices=[], n_gpu_layers=0, vocab_only=True))
 
     def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self._model.tokenize(_utf8(text), add_special, parse_special)
@@ -150,6 +152,36 @@ class Tokenizer:
 
     def close(self) -> None:
         self._model.close()
+
+
+# Lines of llama.cpp's log that only say *that* loading failed (or in which section of
+# the file), not why.
+_SECTION_LINES = ("failed to read header", "failed to read key-value pairs",
+                  "failed to read tensor info", "failed to read tensor data")
+_LOG_PREFIXES = ("llama_model_load: error loading model: ", "gguf_init_from_reader: ",
+                 "gguf_init_from_file_impl: ", "llama_model_loader: ")
+
+
+def _load_model(path: str, params, progress=None):
+    """core.Model, with a ModelLoadError that names llama.cpp's reason rather than its
+    last log line (which is always the generic "failed to load model")."""
+    try:
+        return core.Model(path, params, progress)
+    except ModelLoadError as e:
+        specific, section = [], []
+        for line in (e.log or "").splitlines():
+            for prefix in _LOG_PREFIXES:
+                if line.startswith(prefix):
+                    line = line[len(prefix):]
+            line = line.strip()
+            if not line or "failed to load model" in line:
+                continue
+            (section if line in _SECTION_LINES else specific).append(line)
+        reasons = list(dict.fromkeys(specific or section))
+        if not reasons:
+            raise
+        raise ModelLoadError(f"llama.cpp could not load {path}: {'; '.join(reasons[:3])}. If the file "
+                             "is damaged or incomplete, download or convert it again.", log=e.log) from None
 
 
 def _utf8(text) -> bytes:
@@ -207,6 +239,7 @@ class LLM:
         self.model_path = os.fspath(path)
         if not os.path.isfile(self.model_path):
             raise ModelLoadError(f"model file not found: {self.model_path}")
+        check_gguf(self.model_path)   # values llama.cpp would abort on (docs/HARDENING.md)
         for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch),
                         ("n_seq_max", n_seq_max)):
             if isinstance(v, bool) or not isinstance(v, int):
@@ -261,7 +294,7 @@ class LLM:
             if mp.n_gpu_layers == 0:
                 # llama.cpp's fit left every layer on the host: this candidate adds nothing
                 raise self._memory_error(cand, cp, "not even one layer fits in free device memory")
-        model = core.Model(self.model_path, mp, progress)
+        model = _load_model(self.model_path, mp, progress)
         try:
             ctx = core.Context(model, cp)
         except BaseException:
