@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from ._extension import core
 from .errors import (ConflictingArgumentsError, ContextError, ContextOverflowError, GrammarError,
-                     InsufficientMemoryError, ModelLoadError, PolyllamaError)
+                     InsufficientMemoryError, ModelLoadError, PolyllamaError, TemplateError)
+from .gguf_check import check_gguf
 from .models import default_model_path
 from .placement import (DEFAULT_MARGIN, Candidate, Placement, model_params, resolve_candidates)
 from .sampling import SamplingParams, build_sampler, is_plain_greedy
@@ -140,7 +141,8 @@ class Tokenizer:
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise ModelLoadError(f"model file not found: {self.path}")
-        self._model = core.Model(self.path, core.ModelParams(devices=[], n_gpu_layers=0, vocab_only=True))
+        check_gguf(self.path)
+        self._model = _load_model(self.path, core.ModelParams(devices=[], n_gpu_layers=0, vocab_only=True))
 
     def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self._model.tokenize(_utf8(text), add_special, parse_special)
@@ -152,12 +154,55 @@ class Tokenizer:
         self._model.close()
 
 
-def _utf8(text) -> bytes:
+# Lines of llama.cpp's log that only say *that* loading failed (or in which section of
+# the file), not why.
+_SECTION_LINES = ("failed to read header", "failed to read key-value pairs",
+                  "failed to read tensor info", "failed to read tensor data")
+_LOG_PREFIXES = ("llama_model_load: error loading model: ", "gguf_init_from_reader: ",
+                 "gguf_init_from_file_impl: ", "llama_model_loader: ")
+
+
+def _load_model(path: str, params, progress=None):
+    """core.Model, with a ModelLoadError that names llama.cpp's reason rather than its
+    last log line (which is always the generic "failed to load model")."""
+    try:
+        return core.Model(path, params, progress)
+    except ModelLoadError as e:
+        specific, section = [], []
+        for line in (e.log or "").splitlines():
+            for prefix in _LOG_PREFIXES:
+                if line.startswith(prefix):
+                    line = line[len(prefix):]
+            line = line.strip()
+            if not line or "failed to load model" in line:
+                continue
+            (section if line in _SECTION_LINES else specific).append(line)
+        reasons = list(dict.fromkeys(specific or section))
+        if not reasons:
+            raise
+        raise ModelLoadError(f"llama.cpp could not load {path}: {'; '.join(reasons[:3])}. If the file "
+                             "is damaged or incomplete, download or convert it again.", log=e.log) from None
+
+
+def _utf8(text, what: str = "text") -> bytes:
+    """UTF-8 bytes of text; ValueError for what cannot be UTF-8 (llama.cpp's tokenizers
+    expect valid UTF-8: lone surrogates in a str, invalid sequences in bytes)."""
     if isinstance(text, str):
-        return text.encode("utf-8", "surrogatepass")
-    if isinstance(text, (bytes, bytearray)):
-        return bytes(text)
-    raise TypeError(f"text must be str or bytes, not {type(text).__name__}")
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{what} contains {text[e.start]!r} at index {e.start}, a lone surrogate that "
+                             "is not valid in UTF-8; clean it first, e.g. "
+                             "s.encode('utf-8', 'replace').decode()") from None
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        data = bytes(text)
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{what} is not valid UTF-8 ({e.reason} at byte {e.start}); decode it "
+                             "with errors='replace' first, or pass a str") from None
+        return data
+    raise TypeError(f"{what} must be str or bytes, not {type(text).__name__}")
 
 
 def _token_list(tokens) -> list[int]:
@@ -168,6 +213,18 @@ def _token_list(tokens) -> list[int]:
         if isinstance(t, bool) or not isinstance(t, int):
             raise TypeError(f"token ids must be ints, got {t!r}")
     return tokens
+
+
+def _available_host_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 class LLM:
@@ -216,6 +273,7 @@ class LLM:
         self.model_path = os.fspath(path)
         if not os.path.isfile(self.model_path):
             raise ModelLoadError(f"model file not found: {self.model_path}")
+        check_gguf(self.model_path)   # values llama.cpp would abort on (docs/HARDENING.md)
         for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch),
                         ("n_seq_max", n_seq_max)):
             if isinstance(v, bool) or not isinstance(v, int):
@@ -229,8 +287,20 @@ class LLM:
         if progress is not None and not callable(progress):
             raise TypeError("progress must be callable(fraction)")
         threads = n_threads if n_threads is not None else (os.cpu_count() or 4)
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"n_threads must be a positive int, got {n_threads!r}")
+        for name, v in (("n_threads", threads), ("n_threads_batch", n_threads_batch)):
+            if v is None and name == "n_threads_batch":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name} must be a positive int or None, not {v!r}")
+            if not 1 <= v <= 1024:
+                raise ValueError(f"{name} must be between 1 and 1024, got {v}")
+        if not isinstance(fallback, bool):
+            raise TypeError(f"fallback must be True or False, not {fallback!r}")
+        if isinstance(memory_margin, bool) or not isinstance(memory_margin, int) or memory_margin < 0:
+            raise ValueError(f"memory_margin must be a number of bytes >= 0, got {memory_margin!r}")
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise TypeError(f"chat_template must be a Jinja template string or None, not "
+                            f"{type(chat_template).__name__}")
         self._chat_template = chat_template or ""
         self._cparams = dict(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
                              n_threads=threads, n_threads_batch=n_threads_batch or threads,
@@ -269,6 +339,15 @@ class LLM:
                 log.warning("polyllama: %s; trying the next candidate", reason)
         else:  # pragma: no cover - the loop always breaks or raises
             raise last_error or PolyllamaError("no candidate placement")
+        if self._chat_template:
+            # a template that cannot format one message would fail every chat(): say so now
+            try:
+                self._model.apply_chat_template(json.dumps([{"role": "user", "content": "Hello"}]), "", "",
+                                                True, self._chat_template)
+            except TemplateError as e:
+                self.close()
+                raise TemplateError(f"chat_template cannot be used ({e}); pass a valid Jinja chat "
+                                    "template, or None for the one in the model file") from None
 
     # ---- loading ------------------------------------------------------------------------
     def _load(self, cand: Candidate, margin: int, progress, skipped: list[str]) -> None:
@@ -284,9 +363,18 @@ class LLM:
             if mp.n_gpu_layers == 0:
                 # llama.cpp's fit left every layer on the host: this candidate adds nothing
                 raise self._memory_error(cand, cp, "not even one layer fits in free device memory")
-        model = core.Model(self.model_path, mp, progress)
+        if not cand.devices:
+            self._check_host_memory(cand, cp)
+        model = _load_model(self.model_path, mp, progress)
         try:
             ctx = core.Context(model, cp)
+        except ContextError as e:
+            model.close()
+            if "failed to allocate" in (e.log or "") + str(e):
+                raise InsufficientMemoryError(
+                    f"the context (n_ctx={self._cparams['n_ctx']}) does not fit in memory: {e}; "
+                    "use a smaller n_ctx or n_seq_max", log=e.log) from None
+            raise
         except BaseException:
             model.close()
             raise
@@ -303,6 +391,31 @@ class LLM:
                                    remote={d.name: d.description for d in cand.devices
                                            if d.backend == "rpc"})
         log.info("polyllama: %s", self.placement)
+
+    # Below this context size even large models' KV caches are a few GiB; the estimate
+    # (a metadata-only load, ~0.15 s for the default model) is skipped there.
+    HOST_CHECK_MIN_CTX = 8192
+
+    def _check_host_memory(self, cand: Candidate, cp) -> None:
+        """InsufficientMemoryError when the CPU context would not fit in available RAM.
+
+        llama.cpp allocates and clears the whole KV cache up front: a context larger than
+        free memory either fails to allocate or, within overcommit, swaps the machine to a
+        halt or gets the process OOM-killed.
+        """
+        n_ctx = self._cparams["n_ctx"]
+        if n_ctx and n_ctx <= self.HOST_CHECK_MIN_CTX:
+            return
+        avail = _available_host_memory()
+        if avail is None:
+            return
+        est = core.estimate_memory(self.model_path, model_params(cand), cp)
+        needed = sum(r["context"] + r["compute"] for r in est["devices"])
+        if needed > avail:
+            raise InsufficientMemoryError(
+                f"n_ctx={n_ctx or est['n_ctx_train']} needs {needed / 2**20:.0f} MiB of host memory for the "
+                f"KV cache and compute buffers, but {avail / 2**20:.0f} MiB are available; use a smaller "
+                "n_ctx (or n_seq_max)", needed={"Host": needed}, free={"Host": avail})
 
     def _memory_error(self, cand: Candidate, cp, what: str) -> InsufficientMemoryError:
         """InsufficientMemoryError with llama.cpp's estimate of a full offload vs free memory."""
@@ -389,12 +502,24 @@ class LLM:
         self._require()
         return self._model.detokenize(_token_list(tokens), False, special).decode("utf-8", "replace")
 
+    @staticmethod
+    def _check_prompt_type(prompt) -> None:
+        """The type errors of _prompt_tokens, raised before a stream starts."""
+        if prompt is None:
+            raise TypeError("prompt must be a string (or a list of token ids), not None")
+        if not isinstance(prompt, (str, list, tuple)):
+            raise TypeError(f"prompt must be a non-empty string or list of token ids, not {type(prompt).__name__}")
+
     def _prompt_tokens(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("the prompt is empty")
-            return self._model.tokenize(prompt.encode("utf-8", "surrogatepass"), True, True)
+            return self._model.tokenize(_utf8(prompt, "the prompt"), True, True)
         if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            n_vocab = self._model.n_vocab
+            bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
+            if bad is not None:
+                raise ValueError(f"token id {bad} in the prompt is out of range 0..{n_vocab - 1}")
             return list(prompt)
         if prompt is None:
             raise TypeError("prompt must be a string (or a list of token ids), not None")
@@ -527,6 +652,10 @@ class LLM:
         """Yield the generated text piece by piece as tokens arrive (whole characters only)."""
         params = SamplingParams.from_kwargs(params, **kwargs)
         self._require()
+        if isinstance(prompt, (list, tuple)) and any(isinstance(p, str) for p in prompt):
+            raise TypeError("stream() takes one prompt (a str or a list of token ids); "
+                            "pass a list of prompts to generate() instead")
+        self._check_prompt_type(prompt)
         return self._stream_one(prompt, params, truncate)
 
     def generate(self, prompt, params: SamplingParams | None = None, *, truncate: bool = False,
@@ -659,7 +788,17 @@ class LLM:
         for m in messages:
             if not isinstance(m, dict) or "role" not in m:
                 raise ValueError(f"each message needs a 'role' (and usually 'content'): {m!r}")
-        return self._model.apply_chat_template(json.dumps(messages), json.dumps(tools) if tools else "",
+        if tools is not None and not isinstance(tools, list):
+            raise TypeError(f"tools must be a list of OpenAI-style tool definitions, not {type(tools).__name__}")
+        try:
+            as_json = json.dumps(messages, ensure_ascii=False)
+            tools_json = json.dumps(tools, ensure_ascii=False) if tools else ""
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"messages and tools must be JSON-serializable (str, numbers, lists, "
+                            f"dicts): {e}") from None
+        _utf8(as_json, "messages")
+        _utf8(tools_json, "tools")
+        return self._model.apply_chat_template(as_json, tools_json,
                                                json_schema, add_generation_prompt, self._chat_template)
 
     def _generation_prompt_tokens(self, chat: dict) -> list[int]:
@@ -725,6 +864,9 @@ class LLM:
         Returns one list of floats for a str, a list of them for a list of str.
         """
         single = isinstance(texts, str)
+        if not single and (texts is None or isinstance(texts, (bytes, bytearray))
+                           or not hasattr(texts, "__iter__")):
+            raise TypeError(f"texts must be a str or a list of str, not {type(texts).__name__}")
         items = [texts] if single else list(texts)
         if not items or not all(isinstance(t, str) and t for t in items):
             raise ValueError("texts must be a non-empty string or list of non-empty strings")
@@ -744,7 +886,7 @@ class LLM:
             ectx = self._embed_ctx[1]
             out = []
             for t in items:
-                toks = self._model.tokenize(t.encode("utf-8", "surrogatepass"), True, False)
+                toks = self._model.tokenize(_utf8(t), True, False)
                 if len(toks) > ectx.n_ubatch:
                     raise ContextOverflowError(f"text of {len(toks)} tokens exceeds the embedding batch of {ectx.n_ubatch}")
                 ectx.clear()

@@ -90,15 +90,25 @@ class SamplingParams:
             num("seed", 0, 0xFFFFFFFF, integer=True)
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
+        if self.stop is None or isinstance(self.stop, (bytes, bytearray, Mapping)) \
+                or not hasattr(self.stop, "__iter__"):
+            raise TypeError(f"stop must be a string or a list of strings, not {type(self.stop).__name__}")
         self.stop = tuple(self.stop)
         for s in self.stop:
-            if not isinstance(s, str) or not s:
-                raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+            if not isinstance(s, str):
+                raise TypeError(f"stop strings must be str, got {s!r}")
+            if not s:
+                raise ValueError("stop strings must be non-empty (an empty stop string would end "
+                                 "every generation at once)")
         if not isinstance(self.logit_bias, Mapping):
             raise TypeError("logit_bias must be a mapping {token id: bias}")
         for k, v in self.logit_bias.items():
-            if isinstance(k, bool) or not isinstance(k, int) or not isinstance(v, (int, float)):
+            if isinstance(k, bool) or not isinstance(k, int) or isinstance(v, bool) \
+                    or not isinstance(v, (int, float)):
                 raise TypeError(f"logit_bias entries must be int -> float, got {k!r}: {v!r}")
+            if math.isnan(v):
+                raise ValueError(f"logit_bias for token {k} is NaN; use a number "
+                                 "(-1000 or -inf bans the token)")
         if self.grammar is not None and not isinstance(self.grammar, str):
             raise TypeError("grammar must be a GBNF string")
         if self.grammar is not None and self.json_schema is not None:
@@ -129,6 +139,41 @@ def is_plain_greedy(params: SamplingParams, grammar: str | None = None) -> bool:
                  and not params.presence_penalty and not params.frequency_penalty)))
 
 
+def _grammar_parse_error(core, model, grammar: str) -> str:
+    """llama.cpp's grammar parser prints where it failed to stderr, not to its log:
+    parse the grammar once more with file descriptor 2 captured to get that line."""
+    import os
+    import sys
+    import tempfile
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        return ""
+    probe = core.Sampler(model)
+    try:
+        with tempfile.TemporaryFile() as tmp:
+            os.dup2(tmp.fileno(), 2)
+            try:
+                probe.add_grammar(grammar, "root")
+            except Exception:
+                pass
+            finally:
+                os.dup2(saved, 2)
+            tmp.seek(0)
+            text = tmp.read().decode("utf-8", "replace")
+    finally:
+        os.close(saved)
+        probe.close()
+    for line in text.splitlines():
+        if "error parsing grammar:" in line:
+            what = line.split("error parsing grammar:", 1)[1].strip()
+            if what.endswith(" at"):       # llama.cpp prints the rest of the input after "at"
+                what += " the end of the grammar"
+            return f" ({what})"
+    return ""
+
+
 def build_sampler(core, model, params: SamplingParams, grammar: str | None = None,
                   lazy_patterns: Sequence[str] | None = None, grammar_prefill: Sequence[int] = ()):
     """A llama.cpp sampler chain for params: bias, penalties, grammar, truncation, pick.
@@ -148,7 +193,16 @@ def build_sampler(core, model, params: SamplingParams, grammar: str | None = Non
                         params.presence_penalty)
     g = grammar if grammar is not None else params.grammar
     if g:
-        s.add_grammar(g, "root", lazy_patterns, grammar_prefill)
+        try:
+            s.add_grammar(g, "root", lazy_patterns, grammar_prefill)
+        except Exception as e:
+            s.close()
+            from .errors import GrammarError
+            if not isinstance(e, GrammarError):
+                raise
+            raise GrammarError(f"{e}{_grammar_parse_error(core, model, g)}. Check the GBNF syntax: "
+                               "rules look like `name ::= \"text\" | other-rule`, and the grammar "
+                               "needs a `root` rule.") from None
     if params.temperature <= 0:
         s.add_greedy()
         return s
