@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from polyllama.bench import llama_bench, llama_cpp_python_bench, polyllama_bench  # noqa: E402
+from polyllama.bench import cyllama_bench, llama_bench, llama_cpp_python_bench, polyllama_bench  # noqa: E402
 
 
 def main() -> int:
@@ -54,27 +54,34 @@ def main() -> int:
                       args.reps, bench_ngl, bench_dev)
     ours = polyllama_bench(model, args.threads, args.n_prompt, args.n_gen, args.reps, args.backend, ngl)
     lcp = llama_cpp_python_bench(model, args.threads, args.n_gen, args.reps) if args.backend == "cpu" else None
+    cyl = cyllama_bench(model, args.threads, args.n_gen, args.reps) if args.backend == "cpu" else None
+    # polyllama stream / each other binding's stream (same prompt "The", greedy, n_gen tokens)
+    ratios = {name: ours["tg_stream"] / other["tg_stream"]
+              for name, other in (("llama_cpp_python", lcp), ("cyllama", cyl)) if other}
 
     pp, tg = f"pp{args.n_prompt}", f"tg{args.n_gen}"
     print(f"# polyllama benchmark — {datetime.date.today()}, {platform.node()}, "
           f"{Path(model).name}, {args.threads} threads, {ours['placement']}")
     print(f"command: {' '.join(sys.argv)}\n")
-    print(f"| runner | {pp} t/s | {tg} t/s | {pp} vs llama-bench | {tg} vs llama-bench |")
-    print("|---|---|---|---|---|")
-    print(f"| llama-bench | {ref['pp']:.1f} ± {ref['pp_sd']:.1f} | {ref['tg']:.1f} ± {ref['tg_sd']:.1f} | 100% | 100% |")
+    print(f"| runner | {pp} t/s | {tg} t/s | {pp} vs llama-bench | {tg} vs llama-bench | polyllama stream / runner |")
+    print("|---|---|---|---|---|---|")
+    print(f"| llama-bench | {ref['pp']:.1f} ± {ref['pp_sd']:.1f} | {ref['tg']:.1f} ± {ref['tg_sd']:.1f} | 100% | 100% | — |")
     print(f"| polyllama generate | {ours['pp']:.1f} ± {ours['pp_sd']:.1f} | {ours['tg']:.1f} ± {ours['tg_sd']:.1f} "
-          f"| {100 * ours['pp'] / ref['pp']:.1f}% | {100 * ours['tg'] / ref['tg']:.1f}% |")
+          f"| {100 * ours['pp'] / ref['pp']:.1f}% | {100 * ours['tg'] / ref['tg']:.1f}% | — |")
     print(f"| polyllama stream | — | {ours['tg_stream']:.1f} ± {ours['tg_stream_sd']:.1f} | — "
-          f"| {100 * ours['tg_stream'] / ref['tg']:.1f}% |")
-    if lcp:
-        print(f"| llama-cpp-python stream | — | {lcp['tg_stream']:.1f} | — | {100 * lcp['tg_stream'] / ref['tg']:.1f}% |")
+          f"| {100 * ours['tg_stream'] / ref['tg']:.1f}% | 1.00× |")
+    for label, key, other in (("llama-cpp-python", "llama_cpp_python", lcp), ("cyllama", "cyllama", cyl)):
+        if other:
+            print(f"| {label} {other['version']} stream | — | {other['tg_stream']:.1f} ± {other['tg_stream_sd']:.1f} "
+                  f"| — | {100 * other['tg_stream'] / ref['tg']:.1f}% | {ratios[key]:.2f}× |")
     print(f"\npolyllama's {tg} includes sampling each token (greedy arg-max here) and detokenizing it; "
           f"llama-bench's decodes only.")
     if ours["overhead_us_per_token"] is not None:
         print(f"\npolyllama per-token overhead outside llama_decode: {ours['overhead_us_per_token']:.1f} µs")
     if args.json:
         Path(args.json).write_text(json.dumps({"llama_bench": ref, "polyllama": ours,
-                                               "llama_cpp_python": lcp, "args": vars(args)}, indent=2))
+                                               "llama_cpp_python": lcp, "cyllama": cyl,
+                                               "polyllama_stream_ratio": ratios, "args": vars(args)}, indent=2))
     return 0
 
 

@@ -739,44 +739,6 @@ cdef cbool _abort_trampoline(void * data) noexcept nogil:
     return (<Context> data).cancel_requested
 
 
-cdef int _argmax(const float * p, int n, int exclude) noexcept nogil:
-    """First index of the largest value, skipping `exclude` (-1: none).
-
-    Two passes: the maximum over 8 independent lanes (no loop-carried dependency on a
-    single running maximum, so the compiler can keep several comparisons in flight), then
-    the first index holding it, which gives llama_sampler_greedy's tie-breaking.
-    """
-    cdef float lane[8]
-    cdef float mx
-    cdef int i, k
-    cdef float saved = 0.0
-    if exclude >= 0:
-        saved = (<float *> p)[exclude]
-        (<float *> p)[exclude] = -3.4028234663852886e38
-    for k in range(8):
-        lane[k] = p[0]
-    i = 0
-    while i + 8 <= n:
-        for k in range(8):
-            if p[i + k] > lane[k]:
-                lane[k] = p[i + k]
-        i += 8
-    mx = lane[0]
-    for k in range(1, 8):
-        if lane[k] > mx:
-            mx = lane[k]
-    while i < n:
-        if p[i] > mx:
-            mx = p[i]
-        i += 1
-    for i in range(n):
-        if p[i] == mx:
-            break
-    if exclude >= 0:
-        (<float *> p)[exclude] = saved
-    return i
-
-
 cdef class Context:
     """A llama_context with its batch. Owns both; keeps its Model alive."""
     cdef llama_context * ptr
@@ -1027,9 +989,8 @@ cdef class Context:
         p = llama_get_logits_ith(self.ptr, idx)
         if p == NULL:
             raise PolyllamaError(f"no logits at batch index {idx}")
-        out = array.array("f", bytes(self.n_vocab * sizeof(float)))
-        cdef float[::1] view = out
-        memcpy(&view[0], p, self.n_vocab * sizeof(float))
+        out = array.array("f")
+        out.frombytes(PyBytes_FromStringAndSize(<char *> p, self.n_vocab * sizeof(float)))
         return out
 
     def argmax(self, int idx, int exclude=-1):
@@ -1048,7 +1009,7 @@ cdef class Context:
         if p == NULL:
             raise PolyllamaError(f"no logits at batch index {idx}")
         with nogil:
-            best = _argmax(p, n, exclude)
+            best = _native.argmax_f32(p, n, exclude)
         return best
 
     def top_logprobs(self, int idx, int n):

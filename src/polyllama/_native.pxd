@@ -13,6 +13,7 @@ from polyllama.includes.llama cimport (llama_batch, llama_context, llama_context
 
 cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
     void log_install()
+    int argmax_f32(float * p, int n, int exclude) noexcept
     void log_set_stderr_level(int min_level)
     int log_get_stderr_level()
     string log_recent_problems()

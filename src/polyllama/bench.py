@@ -129,6 +129,58 @@ def llama_cpp_python_bench(model: str, threads: int, n_gen: int, reps: int, n_gp
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+
+_CYLLAMA_CHILD = r"""
+import json, statistics, sys, time
+import cyllama
+from cyllama import LLM, GenerationConfig
+a = json.loads(sys.argv[1])
+cfg = GenerationConfig(temperature=0.0, n_ctx=4096, n_gpu_layers=a["ngl"])   # 0.0: greedy sampler
+llm = LLM(a["model"], config=cfg, verbose=False)
+warm = GenerationConfig(temperature=0.0, n_ctx=4096, n_gpu_layers=a["ngl"], max_tokens=4)
+for _ in llm("The", config=warm, stream=True):
+    pass   # warm-up; also creates the context, which later calls reuse (same n_ctx)
+# cyllama's LLM has no thread option: its context gets llama.cpp's default (4 threads),
+# so the count is set on that context, and checked on every repetition
+llm._ctx.set_n_threads(a["threads"], a["threads"])
+for _ in llm("The", config=warm, stream=True):
+    pass   # warm-up with the thread count that is measured
+run = GenerationConfig(temperature=0.0, n_ctx=4096, n_gpu_layers=a["ngl"], max_tokens=a["n_gen"])
+rates = []
+for _ in range(a["reps"]):
+    t_first, n = None, 0
+    for _ in llm("The", config=run, stream=True):   # one chunk per token (no stop sequences)
+        n += 1
+        if t_first is None:
+            t_first = time.perf_counter()
+    rates.append((n - 1) / (time.perf_counter() - t_first))
+    if llm._ctx.n_threads() != a["threads"]:
+        sys.exit(f"cyllama context runs {llm._ctx.n_threads()} threads, not {a['threads']}")
+print(json.dumps({"tg_stream": statistics.mean(rates), "tg_stream_sd": statistics.pstdev(rates),
+                  "version": getattr(cyllama, "__version__", "?")}))
+"""
+
+
+def cyllama_bench(model: str, threads: int, n_gen: int, reps: int, n_gpu_layers: int = 0) -> dict | None:
+    """cyllama's streamed generation tokens/s (None when it is not installed).
+
+    Runs in a child interpreter, like llama_cpp_python_bench: cyllama links its own ggml,
+    and two ggml copies in one process are not something either project supports.
+    """
+    import importlib.util
+    import sys
+    if importlib.util.find_spec("cyllama") is None:
+        return None
+    args = json.dumps({"model": model, "threads": threads, "ngl": n_gpu_layers, "reps": reps,
+                       "n_gen": n_gen})
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _CYLLAMA_CHILD, args],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cyllama benchmark failed (exit {proc.returncode}): "
+                           + proc.stderr.strip()[-2000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: str = "auto",
                   threads: int | None = None, ngl="auto") -> dict:
     """Aggregate generated tokens/s for `width` prompts decoded in parallel."""

@@ -20,6 +20,14 @@ int         log_get_stderr_level();
 std::string log_recent_problems();                // warnings and errors since log_clear()
 void        log_clear();
 
+// ---- greedy pick -----------------------------------------------------------------------
+// First index of the largest of p[0..n), never `exclude` (-1: none; p[exclude] is changed
+// during the call and restored): the token that
+// llama_sampler_init_greedy would pick, without building its n_vocab-long candidate array.
+// Vectorized: with a 128k vocabulary a scalar scan took 38 µs per token on our build
+// machine, 4% of the ~1 ms an H100 needs to decode a token of a 1B model.
+int argmax_f32(float * p, int n, int exclude) noexcept;
+
 // ---- memory accounting (common/fit.h) -----------------------------------------------------
 struct device_memory {
     std::string device;   // ggml device name; "Host" for the host (CPU-mapped) buffers
