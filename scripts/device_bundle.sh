@@ -7,7 +7,8 @@
 #                                       web UI, test vocabularies but the one the random
 #                                       models use): about 10 MB
 #   ... --vulkan                        also what a CUDA + Vulkan build needs there: the
-#                                       Vulkan loader, glslc (+ libshaderc), SPIR-V headers
+#                                       Vulkan loader and glvnd's libraries (NVIDIA's ICD
+#                                       needs them), glslc (+ libshaderc), SPIR-V headers
 #                                       as Debian 12 .debs, and the Vulkan headers that
 #                                       scripts/fetch_vulkan_headers.sh put in the cache
 #   ... --llama-cpp-python              also the llama-cpp-python sdist of the pin, less its
@@ -41,8 +42,11 @@ if [ $want_vulkan = 1 ]; then
   [ -f "$headers/vulkan/vulkan_core.h" ] || bash scripts/fetch_vulkan_headers.sh
   rm -rf .devcarry/vulkan && mkdir -p .devcarry/vulkan/debs
   tar czf .devcarry/vulkan/headers.tar.gz -C "$cache/vulkan-headers" usr
-  # Debian 12 packages: the device image has neither a Vulkan loader nor glslc
-  (cd .devcarry/vulkan/debs && apt-get download -qq libvulkan1 glslc libshaderc1 spirv-headers)
+  # Debian 12 packages: the device image has neither a Vulkan loader nor glslc. NVIDIA's
+  # Vulkan ICD (libGLX_nvidia) also needs glvnd's dispatch libraries: without them the
+  # loader finds the ICD but gets no vkCreateInstance from it (seen on the H100, 2026-11-22)
+  (cd .devcarry/vulkan/debs && apt-get download -qq libvulkan1 glslc libshaderc1 spirv-headers \
+     libglvnd0 libegl1 libgl1 libglx0 libopengl0 libgles2)
 fi
 
 if [ $want_lcp = 1 ]; then

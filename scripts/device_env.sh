@@ -2,8 +2,9 @@
 # network: unpack what scripts/device_bundle.sh carried and export what the build and the
 # runs need. Safe to source more than once.
 #
-# Vulkan (when .devcarry/vulkan exists): the loader goes into / (the device README's way,
-# for libvulkan1 only); glslc, libshaderc and the SPIR-V headers go under /opt/polyllama-vk
+# Vulkan (when .devcarry/vulkan exists): the loader and glvnd's libraries (libGLdispatch,
+# libEGL, libGLX, ...: NVIDIA's Vulkan ICD is libGLX_nvidia, which needs them) go into /,
+# the device README's way for these runtime libraries; glslc, libshaderc and the SPIR-V headers go under /opt/polyllama-vk
 # and reach the build through PATH, LD_LIBRARY_PATH and CMAKE_PREFIX_PATH; the newer
 # Vulkan headers reach buildconfig.py through POLYLLAMA_VULKAN_INCLUDE_DIR. NVIDIA's driver
 # ICD lives in the driver's read-only mount, so the loader is told where it is.
@@ -14,7 +15,7 @@ if [ -d "$_devroot/.devcarry/vulkan" ]; then
     mkdir -p "$_vk"
     for deb in "$_devroot"/.devcarry/vulkan/debs/*.deb; do
       case "$(basename "$deb")" in
-        libvulkan1_*) dpkg -x "$deb" / ;;
+        libvulkan1_*|libglvnd0_*|libegl1_*|libgl1_*|libglx0_*|libopengl0_*|libgles2_*) dpkg -x "$deb" / ;;
         *) dpkg -x "$deb" "$_vk" ;;
       esac
     done
@@ -29,5 +30,9 @@ if [ -d "$_devroot/.devcarry/vulkan" ]; then
   if [ -f "$_icd" ] && [ -z "${VK_DRIVER_FILES:-}" ]; then
     export VK_DRIVER_FILES="$_icd"
   fi
+  _egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+  if [ -f "$_egl" ] && [ -z "${__EGL_VENDOR_LIBRARY_FILENAMES:-}" ]; then
+    export __EGL_VENDOR_LIBRARY_FILENAMES="$_egl"
+  fi
 fi
-unset _devroot _vk _icd
+unset _devroot _vk _icd _egl

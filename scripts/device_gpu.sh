@@ -3,6 +3,8 @@
 # (1B and 8B shapes; F16, Q8_0, Q4_0), run the GPU tests, and run the benchmark harness for
 # every GPU backend of the build (CUDA, and Vulkan when it was built in).
 # Results go to $OUT (or ./device-out). Steps can be chosen: device_gpu.sh models tests bench
+# QUANTS (default "Q4_0 Q8_0") picks the quantized models written besides F16, and
+# BENCH_ARGS passes more options to benchmarks/bench_gpu.py (e.g. "--types Q4_0 -r 2").
 # A step that finished is not run again on the same machine (markers in /tmp/polyllama-done),
 # so after a command that hit the device tool's 10-minute limit the same line continues.
 set -uo pipefail
@@ -26,7 +28,7 @@ for step in $steps; do
       for shape in 1b 8b; do
         f16=$models/llama-$shape-f16.gguf
         [ -f "$f16" ] || python3 benchmarks/make_random_model.py --shape $shape -o "$f16" || exit 1
-        for t in Q4_0 Q8_0; do
+        for t in ${QUANTS:-Q4_0 Q8_0}; do
           [ -f "$models/llama-$shape-$t.gguf" ] || $q "$f16" "$models/llama-$shape-$t.gguf" $t "$(nproc)" >/dev/null 2>&1 || exit 1
         done
       done
@@ -36,7 +38,7 @@ for step in $steps; do
       POLYLLAMA_GPU_TEST_MODEL=$models/llama-1b-Q4_0.gguf python3 -m pytest -s -v -p no:cacheprovider \
         tests/test_gpu.py 2>&1 | tee "$out/gpu-tests.txt" ;;
     bench)
-      python3 -X faulthandler benchmarks/bench_gpu.py --models-dir "$models" --out "$out" --backends "$gpu_backends" \
+      python3 -X faulthandler benchmarks/bench_gpu.py --models-dir "$models" --out "$out" --backends "$gpu_backends" ${BENCH_ARGS:-} \
         2>&1 | tee "$out/bench.txt" ;;
     *) echo "device_gpu: unknown step $step" >&2; exit 2 ;;
   esac

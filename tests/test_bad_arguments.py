@@ -47,6 +47,7 @@ CASES = [
     ("n_gpu_layers a word", new(n_gpu_layers="many"), TypeError, r"n_gpu_layers must be 'auto' or an int"),
     ("progress not callable", new(progress=5), TypeError, r"progress must be callable\(fraction\)"),
     ("fallback a str", new(fallback="no"), TypeError, r"fallback must be True or False, not 'no'"),
+    ("kv_unified an int", new(kv_unified=1), TypeError, r"kv_unified must be True or False, not 1"),
     ("memory_margin negative", new(memory_margin=-1), ValueError, r"memory_margin must be a number of bytes >= 0"),
     ("chat_template an int", new(chat_template=5), TypeError, r"chat_template must be a Jinja template string or None"),
     ("chat_template broken Jinja", new(chat_template="{% for"), TemplateError,

@@ -97,6 +97,23 @@ def test_batched_prompts_longer_than_one_batch(llm, model_path):
     assert [r.text for r in out] == [llm.generate(p, max_tokens=8).text for p in prompts]
 
 
+def test_batched_with_a_kv_cache_per_sequence(llm, model_path):
+    # kv_unified=False: llama.cpp's own default for parallel sequences, each sequence has
+    # n_ctx / n_seq_max cells of its own (llama.cpp rounds that up to a multiple of 256 and
+    # grows n_ctx to match); same greedy text as one prompt at a time
+    from polyllama import LLM
+    from polyllama.errors import ContextOverflowError
+    prompts = PROMPTS + ["The best way to learn programming is"]
+    with LLM(model_path, backend="cpu", n_threads=2, n_ctx=1000, n_seq_max=4, kv_unified=False) as split:
+        assert split._ctx.n_ctx_seq == 256 and split.n_ctx == 1024
+        out = split.generate(prompts, max_tokens=12)
+        assert [r.text for r in out] == [llm.generate(p, max_tokens=12).text for p in prompts]
+        # one prompt gets its sequence's share, not the whole context
+        assert split.generate(prompts[0], max_tokens=12).text == out[0].text
+        with pytest.raises(ContextOverflowError, match="the context holds 256"):
+            split.generate(list(range(100, 400)), max_tokens=4)
+
+
 def test_cancel_from_another_thread(llm):
     before = llm.generate("The capital of France is", max_tokens=4).text
     started = threading.Event()

@@ -182,12 +182,12 @@ def cyllama_bench(model: str, threads: int, n_gen: int, reps: int, n_gpu_layers:
 
 
 def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: str = "auto",
-                  threads: int | None = None, ngl="auto") -> dict:
+                  threads: int | None = None, ngl="auto", kv_unified: bool = True) -> dict:
     """Aggregate generated tokens/s for `width` prompts decoded in parallel."""
     from .llm import LLM
     out = {}
     llm = LLM(model, backend=backend, n_threads=threads, n_gpu_layers=ngl, n_seq_max=max(widths),
-              n_ctx=max(widths) * (n_gen + 32))
+              n_ctx=max(widths) * (n_gen + 32), kv_unified=kv_unified)
     llm.generate(["warm up"] * 2, max_tokens=4)
     for w in widths:
         prompts = [f"Story number {i}:" for i in range(w)]
@@ -200,14 +200,15 @@ def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: 
 
 
 def llama_batched_bench(binary: Path, model: str, widths=(1, 4, 16, 64), n_gen: int = 128,
-                        n_prompt: int = 8, ngl: int = 99, flash_attn: str = "on") -> dict:
+                        n_prompt: int = 8, ngl: int = 99, flash_attn: str = "on",
+                        kv_unified: bool = False) -> dict:
     """llama.cpp's own batched generation figure per width: S_TG, aggregate tokens/s of the
     generation phase, from llama-batched-bench (same tree, same run)."""
     fa = {"auto": "auto", "on": "1", "off": "0"}[flash_attn]
     n_ctx = max(widths) * (n_prompt + n_gen + 8)
     cmd = [str(binary), "-m", model, "-c", str(n_ctx), "-b", "2048", "-ub", "512", "-ngl", str(ngl),
            "-fa", fa, "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", ",".join(map(str, widths)),
-           "--output-format", "jsonl"]
+           "--output-format", "jsonl"] + (["-kvu"] if kv_unified else [])
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True, text=True)
     res = {}
     for line in (out.stdout + "\n" + out.stderr).splitlines():
@@ -217,3 +218,69 @@ def llama_batched_bench(binary: Path, model: str, widths=(1, 4, 16, 64), n_gen: 
             res[int(row["pl"])] = float(row["speed_tg"])
     return res
 
+
+
+def find_llama_bench(bin_dir: str | None = None) -> Path | None:
+    """llama-bench from the same tree: bin_dir, then the checkout's build/cmake/bin, then PATH."""
+    import shutil
+    candidates = [Path(bin_dir)] if bin_dir else []
+    candidates.append(Path(__file__).resolve().parents[2] / "build" / "cmake" / "bin")
+    for d in candidates:
+        if (d / "llama-bench").is_file():
+            return d / "llama-bench"
+    found = shutil.which("llama-bench")
+    return Path(found) if found else None
+
+
+def compare(model: str, *, backend: str = "cpu", threads: int = 2, n_prompt: int = 512,
+            n_gen: int = 128, reps: int = 5, ngl="auto", device: str | None = None,
+            bin_dir: str | None = None, others: bool = True) -> tuple[dict, str]:
+    """polyllama beside llama-bench (and llama-cpp-python / cyllama when importable, on
+    the CPU), in one run. Returns the raw figures and a markdown report with ratios."""
+    import datetime
+    import platform
+    import sys
+    binary = find_llama_bench(bin_dir)
+    ngl = ngl if ngl == "auto" else int(ngl)
+    bench_ngl = 0 if backend == "cpu" else (99 if ngl == "auto" else int(ngl))
+    # backend="cpu" uses no device at all; llama-bench with -ngl 0 would still hand large
+    # matrix products to a visible GPU (op offload), so it gets -dev none to match
+    bench_dev = "none" if backend == "cpu" and not device else device
+    ref = llama_bench(binary, model, threads, n_prompt, n_gen, reps, bench_ngl, bench_dev) if binary else None
+    ours = polyllama_bench(model, threads, n_prompt, n_gen, reps, backend, ngl)
+    on_cpu = backend == "cpu" and others
+    lcp = llama_cpp_python_bench(model, threads, n_gen, reps) if on_cpu else None
+    cyl = cyllama_bench(model, threads, n_gen, reps) if on_cpu else None
+    # polyllama stream / each other binding's stream (same prompt "The", greedy, n_gen tokens)
+    ratios = {name: ours["tg_stream"] / other["tg_stream"]
+              for name, other in (("llama_cpp_python", lcp), ("cyllama", cyl)) if other}
+
+    def vs(x, key):
+        return f"{100 * x / ref[key]:.1f}%" if ref else "—"
+    pp, tg = f"pp{n_prompt}", f"tg{n_gen}"
+    lines = [f"# polyllama benchmark — {datetime.date.today()}, {platform.node()}, "
+             f"{Path(model).name}, {threads} threads, {ours['placement']}",
+             f"command: {' '.join(sys.argv)}", "",
+             f"| runner | {pp} t/s | {tg} t/s | {pp} vs llama-bench | {tg} vs llama-bench | polyllama stream / runner |",
+             "|---|---|---|---|---|---|"]
+    if ref:
+        lines.append(f"| llama-bench | {ref['pp']:.1f} ± {ref['pp_sd']:.1f} | {ref['tg']:.1f} ± {ref['tg_sd']:.1f} "
+                     "| 100% | 100% | — |")
+    lines += [f"| polyllama generate | {ours['pp']:.1f} ± {ours['pp_sd']:.1f} | {ours['tg']:.1f} ± {ours['tg_sd']:.1f} "
+              f"| {vs(ours['pp'], 'pp')} | {vs(ours['tg'], 'tg')} | — |",
+              f"| polyllama stream | — | {ours['tg_stream']:.1f} ± {ours['tg_stream_sd']:.1f} | — "
+              f"| {vs(ours['tg_stream'], 'tg')} | 1.00× |"]
+    for label, key, other in (("llama-cpp-python", "llama_cpp_python", lcp), ("cyllama", "cyllama", cyl)):
+        if other:
+            lines.append(f"| {label} {other['version']} stream | — | {other['tg_stream']:.1f} ± "
+                         f"{other['tg_stream_sd']:.1f} | — | {vs(other['tg_stream'], 'tg')} | {ratios[key]:.2f}× |")
+    lines += ["", f"polyllama's {tg} includes sampling each token (greedy arg-max here) and detokenizing "
+              "it; llama-bench's decodes only."]
+    if not ref:
+        lines += ["", "llama-bench not found (build it with `make build`, or pass its folder): "
+                  "no reference figures, no ratios."]
+    if ours["overhead_us_per_token"] is not None:
+        lines += ["", f"polyllama per-token overhead outside llama_decode: {ours['overhead_us_per_token']:.1f} µs"]
+    figures = {"llama_bench": ref, "polyllama": ours, "llama_cpp_python": lcp, "cyllama": cyl,
+               "polyllama_stream_ratio": ratios}
+    return figures, "\n".join(lines)

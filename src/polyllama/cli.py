@@ -1,4 +1,4 @@
-"""`python -m polyllama` / `polyllama`: info, devices, run, chat, model, rpc-server.
+"""`python -m polyllama` / `polyllama`: info, devices, run, chat, bench, model, rpc-server.
 
 `run` and `chat` take llama.cpp's own flag spellings (-m -p -n -c -t --temp --top-k
 --top-p --seed -ngl --device --list-devices -sm -ts -mg) and default to the embedded
@@ -258,6 +258,20 @@ def cmd_rpc_server(args) -> int:
     raise PolyllamaError(f"the RPC server on {endpoint} stopped (see the messages above)")
 
 
+def cmd_bench(args) -> int:
+    from .bench import compare
+    from .models import default_model_path
+    model = args.model or str(default_model_path())
+    figures, report = compare(model, backend=args.backend, threads=args.threads, n_prompt=args.n_prompt,
+                              n_gen=args.n_gen, reps=args.reps, ngl=args.n_gpu_layers, device=args.device,
+                              bin_dir=args.llama_bench_dir, others=not args.no_others)
+    print(report)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(figures, f, indent=2)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="polyllama", description="llama.cpp on the device you choose")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -276,6 +290,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(p)
     p.add_argument("-sys", "--system", default=None, help="system message")
     p.set_defaults(func=cmd_chat)
+    p = sub.add_parser("bench", help="prompt and generation tokens/s beside llama-bench from the same tree")
+    p.add_argument("-m", "--model", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--backend", default="cpu", help="backend polyllama runs on (default cpu)")
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("-p", "--n-prompt", type=int, default=512)
+    p.add_argument("-n", "--n-gen", type=int, default=128)
+    p.add_argument("-r", "--reps", type=int, default=5)
+    p.add_argument("-ngl", "--n-gpu-layers", default="auto", help="layers to offload (llama-bench gets 99 for 'auto')")
+    p.add_argument("-dev", "--device", default=None, help="llama-bench's -dev value, e.g. CUDA0")
+    p.add_argument("--llama-bench-dir", default=None,
+                   help="folder holding llama-bench (default: build/cmake/bin of this checkout, then PATH)")
+    p.add_argument("--no-others", action="store_true", help="skip llama-cpp-python and cyllama")
+    p.add_argument("--json", default=None, help="also write the raw figures to this file")
+    p.set_defaults(func=cmd_bench)
     p = sub.add_parser("model", help="fetch the default model, print its path")
     p.set_defaults(func=cmd_model)
     p = sub.add_parser("rpc-server", help="serve one local device to other machines over ggml RPC "

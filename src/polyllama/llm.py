@@ -241,6 +241,12 @@ class LLM:
     fallback: with backend="auto", try the next backend when one does not fit or fails.
     n_ctx: context size in tokens (0: the model's training context, fitted to memory).
     n_seq_max: how many prompts generate([...]) decodes in parallel.
+    kv_unified: True (default): one KV cache shared by all sequences, so a single prompt
+        may fill all of n_ctx and parallel prompts share it. False: llama.cpp gives each of
+        the n_seq_max sequences its own n_ctx/n_seq_max cells (rounded up to a multiple of
+        256, n_ctx growing to match) and attends to each apart, which is faster with many
+        parallel prompts (llama-batched-bench's default), but one prompt then gets only
+        that share.
     progress: callable(fraction) called while the model loads; return False to abort.
     rpc_servers: "host:port" endpoints of `python -m polyllama rpc-server`; their devices
         are registered (see polyllama.add_rpc_server) before the placement is resolved.
@@ -257,7 +263,7 @@ class LLM:
                  tensor_split: Sequence[float] | None = None, main_device=None,
                  fallback: bool = True, n_ctx: int = 4096, n_batch: int = 2048,
                  n_ubatch: int = 512, n_threads: int | None = None,
-                 n_threads_batch: int | None = None, n_seq_max: int = 8,
+                 n_threads_batch: int | None = None, n_seq_max: int = 8, kv_unified: bool = True,
                  flash_attn: str = "auto", memory_margin: int = DEFAULT_MARGIN,
                  progress: Callable[[float], Any] | None = None, chat_template: str | None = None,
                  rpc_servers: Sequence[str] | None = None, rpc_timeout: float | None = None):
@@ -296,6 +302,8 @@ class LLM:
                 raise ValueError(f"{name} must be between 1 and 1024, got {v}")
         if not isinstance(fallback, bool):
             raise TypeError(f"fallback must be True or False, not {fallback!r}")
+        if not isinstance(kv_unified, bool):
+            raise TypeError(f"kv_unified must be True or False, not {kv_unified!r}")
         if isinstance(memory_margin, bool) or not isinstance(memory_margin, int) or memory_margin < 0:
             raise ValueError(f"memory_margin must be a number of bytes >= 0, got {memory_margin!r}")
         if chat_template is not None and not isinstance(chat_template, str):
@@ -304,7 +312,7 @@ class LLM:
         self._chat_template = chat_template or ""
         self._cparams = dict(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
                              n_threads=threads, n_threads_batch=n_threads_batch or threads,
-                             flash_attn=flash_attn)
+                             flash_attn=flash_attn, kv_unified=kv_unified)
 
         if rpc_timeout is not None and not rpc_timeout > 0:
             raise ValueError(f"rpc_timeout must be a positive number of seconds, got {rpc_timeout!r}")
@@ -529,7 +537,7 @@ class LLM:
         """llama.cpp's logits for the token after `prompt` (n_vocab floats, array('f'))."""
         with self._lock:
             self._require()
-            tokens = self._fit_prompt(self._prompt_tokens(prompt), SamplingParams(), False, self._ctx.n_ctx)
+            tokens = self._fit_prompt(self._prompt_tokens(prompt), SamplingParams(), False, self._ctx.n_ctx_seq)
             self._forget_cache()
             idx = self._ctx.decode(tokens, 0, 0)
             self._cached = list(tokens)
@@ -557,7 +565,7 @@ class LLM:
                      grammar: str | None, lazy_patterns=None, prefill=()) -> Iterator[int]:
         """Decode the prompt (reusing the cached prefix) and yield sampled tokens."""
         ctx, model = self._ctx, self._model
-        n_ctx = ctx.n_ctx
+        n_ctx = ctx.n_ctx_seq   # sequence 0's share: all of n_ctx unless kv_unified=False
         sampler = build_sampler(core, model, params, grammar, lazy_patterns, prefill)
         try:
             # reuse the longest common prefix already in the KV cache
@@ -595,14 +603,27 @@ class LLM:
                     run.finish_reason = "stop"
                     return
                 run.tokens.append(tok)
-                yield tok
                 if len(run.tokens) >= max_tokens or pos >= n_ctx:
+                    yield tok
                     run.finish_reason = "length"
                     return
-                ctx.decode_one(tok, pos)
+                # Decode tok before handing it out: on a GPU llama_decode returns once the
+                # graph is queued, so the consumer's work on tok (detokenizing, stop strings,
+                # the caller's own code) runs while the device computes the next logits, and
+                # the next pick() waits only for what is left. A consumer that stops here
+                # (stop string, break) leaves one extra token in the cache; _cached says so.
+                try:
+                    ctx.decode_one(tok, pos)
+                except core.Cancelled:
+                    # tok was sampled; only the step after it was cancelled
+                    run.finish_reason = "cancelled"
+                    self._forget_cache()
+                    yield tok
+                    return
                 self._cached.append(tok)
                 pos += 1
                 idx = 0
+                yield tok
         except core.Cancelled:
             # an aborted decode may have written part of its batch: forget the cache
             run.finish_reason = "cancelled"
@@ -626,7 +647,7 @@ class LLM:
         with self._lock:
             self._require()
             self._cancel = False
-            tokens = self._fit_prompt(self._prompt_tokens(prompt), params, truncate, self._ctx.n_ctx)
+            tokens = self._fit_prompt(self._prompt_tokens(prompt), params, truncate, self._ctx.n_ctx_seq)
             if grammar is None:
                 grammar = self._grammar_for(params)
             run = _Run(len(tokens))
@@ -695,7 +716,8 @@ class LLM:
         ctx.clear()
         self._cached = []
         toks = [self._prompt_tokens(p) for p in prompts]
-        budget = n_ctx // len(prompts)   # the unified KV cache is shared by the sequences
+        # a unified KV cache is shared by the sequences; otherwise each has n_ctx_seq cells
+        budget = min(n_ctx // len(prompts), ctx.n_ctx_seq)
         toks = [self._fit_prompt(t, params, truncate, budget) for t in toks]
         runs = [_Run(len(t)) for t in toks]
         asms = [_TextAssembler(params.stop) for _ in toks]
@@ -709,13 +731,13 @@ class LLM:
 
             def pick(i, b):
                 return ctx.argmax(b, banned) if greedy else samplers[i].sample(ctx, b)
-            pending: dict[int, int] = {}   # seq -> token to decode next
             pos = [len(t) for t in toks]
             max_tokens = params.max_tokens or (1 << 30)
             piece = model.token_to_piece
             try:
                 # Prompts: one multi-sequence batch when they fit in n_batch (one graph
-                # instead of one per prompt), else one decode per prompt.
+                # instead of one per prompt), else one decode per prompt, each sampled
+                # before the next decode overwrites its logits.
                 if sum(len(t) for t in toks) <= ctx.n_batch:
                     flat_tok, flat_pos, flat_seq, flat_out, last = [], [], [], [], []
                     for i, t in enumerate(toks):
@@ -725,36 +747,25 @@ class LLM:
                         flat_out += [False] * (len(t) - 1) + [True]
                         last.append(len(flat_tok) - 1)
                     ctx.decode_multi(flat_tok, flat_pos, flat_seq, flat_out)
+                    sampled = {i: pick(i, b) for i, b in enumerate(last)}
                 else:
-                    last = [None] * len(toks)
-                for i, t in enumerate(toks):
-                    idx = ctx.decode(t, i, 0) if last[i] is None else last[i]
-                    tok = pick(i, idx)
-                    runs[i].t_first = time.perf_counter()
-                    self._accept(i, tok, runs, asms, pending, params, model, piece, max_tokens, pos, budget)
-                while pending:
-                    if self._cancel:
-                        for i in pending:
-                            runs[i].finish_reason = "cancelled"
-                        break
-                    order = sorted(pending)
-                    ctx.decode_multi([pending[i] for i in order], [pos[i] for i in order], order,
-                                     [True] * len(order))
-                    for i in order:
-                        pos[i] += 1
-                    nxt = {}
-                    for b, i in enumerate(order):
-                        tok = pick(i, b)
-                        self._accept(i, tok, runs, asms, nxt, params, model, piece, max_tokens, pos, budget)
-                    pending = nxt
-            except core.Cancelled:
+                    sampled = {i: pick(i, ctx.decode(t, i, 0)) for i, t in enumerate(toks)}
+                now = time.perf_counter()
                 for r in runs:
-                    if r.t_end is None:
-                        r.finish_reason = "cancelled"
+                    r.t_first = now
+                while sampled:
+                    going = self._batch_step(ctx, sampled, runs, asms, params, model, piece,
+                                             max_tokens, pos, budget)
+                    if not going:
+                        break
+                    sampled = {i: pick(i, b) for i, b in going.items()}
+            except core.Cancelled:
+                pass
             now = time.perf_counter()
             out = []
             for r, a in zip(runs, asms):
-                r.t_end = r.t_end or now
+                if r.t_end is None:
+                    r.t_end, r.finish_reason = now, "cancelled"
                 a.finish()
                 out.append(r.result(a.text))
             return out
@@ -763,20 +774,50 @@ class LLM:
                 s.close()
             ctx.clear()
 
-    @staticmethod
-    def _accept(i, tok, runs, asms, pending, params, model, piece, max_tokens, pos, budget):
-        r = runs[i]
-        if model.is_eog(tok) and not params.ignore_eos:
-            r.finish_reason, r.t_end = "stop", time.perf_counter()
-            return
-        r.tokens.append(tok)
-        asms[i].feed(piece(tok))
-        if asms[i].stopped:
-            r.finish_reason, r.t_end = "stop", time.perf_counter()
-        elif len(r.tokens) >= max_tokens or pos[i] >= budget:
-            r.finish_reason, r.t_end = "length", time.perf_counter()
-        else:
-            pending[i] = tok
+    def _batch_step(self, ctx, sampled, runs, asms, params, model, piece, max_tokens, pos, budget):
+        """Take one sampled token per sequence, queue the next decode, then assemble text.
+
+        Returns {sequence: its row in the queued batch} for the sequences that go on. The
+        decode is queued before the text work so that, on a GPU, detokenizing and stop
+        strings run while the device computes; a sequence that a stop string ends in this
+        step has one token decoded for nothing, and its cache is cleared with the rest.
+        """
+        ended = {}            # sequence -> finish reason, unless a stop string comes first
+        going = {}            # sequence -> token to decode next
+        for i, tok in sampled.items():
+            if model.is_eog(tok) and not params.ignore_eos:
+                runs[i].finish_reason, runs[i].t_end = "stop", time.perf_counter()
+                continue
+            runs[i].tokens.append(tok)
+            if len(runs[i].tokens) >= max_tokens or pos[i] >= budget:
+                ended[i] = "length"
+            else:
+                going[i] = tok
+        order = sorted(going)
+        cancelled = self._cancel
+        if order and not cancelled:
+            try:
+                ctx.decode_multi([going[i] for i in order], [pos[i] for i in order], order,
+                                 [True] * len(order))
+            except core.Cancelled:
+                cancelled = True
+            for i in order:
+                pos[i] += 1
+        rows = {i: b for b, i in enumerate(order)}
+        for i, tok in sampled.items():
+            if runs[i].t_end is not None:
+                continue       # ended on an end-of-generation token: no text
+            asms[i].feed(piece(tok))
+            if asms[i].stopped:
+                ended[i] = "stop"
+                rows.pop(i, None)
+            if i in ended:
+                runs[i].finish_reason, runs[i].t_end = ended[i], time.perf_counter()
+        if cancelled:
+            for i in rows:
+                runs[i].finish_reason, runs[i].t_end = "cancelled", time.perf_counter()
+            return {}
+        return rows
 
     # ---- chat ---------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
