@@ -9,6 +9,7 @@ __dealloc__, and every call into llama.cpp that can take long releases the GIL.
 The user-facing API (polyllama.LLM, devices(), ...) is plain Python on top of this.
 """
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.stdlib cimport free, malloc
@@ -752,9 +753,11 @@ cdef class Context:
     cdef _native.remote_worker * worker
     cdef readonly double remote_timeout
     cdef public bint lost
+    cdef _native.threadpools * pools   # persistent CPU threads (freed after the context)
 
     def __cinit__(self):
         self.ptr = NULL
+        self.pools = NULL
         self.batch_cap = 0
         self.worker = NULL
         self.remote_timeout = 0
@@ -789,6 +792,11 @@ cdef class Context:
         self.batch_cap = llama_n_batch(self.ptr)
         self.n_seq_batch = max(1, llama_n_seq_max(self.ptr))
         self.batch = llama_batch_init(self.batch_cap, 0, self.n_seq_batch)
+        if self.worker == NULL:
+            # llama.cpp's tools attach persistent CPU threads; without them ggml-cpu starts
+            # and joins threads on every decode (native/polyllama_native.h)
+            self.pools = _native.threadpools_attach(self.ptr, llama_n_threads(self.ptr),
+                                                    llama_n_threads_batch(self.ptr), err)
 
     def __dealloc__(self):
         self._free()
@@ -814,6 +822,9 @@ cdef class Context:
         if self.ptr != NULL:
             llama_free(self.ptr)
             self.ptr = NULL
+        if self.pools != NULL and self.ptr == NULL and not self.lost:
+            _native.threadpools_free(self.pools)
+            self.pools = NULL
         if self.worker != NULL:
             _native.remote_worker_release(self.worker)
             self.worker = NULL
@@ -865,7 +876,13 @@ cdef class Context:
         self._check(); return llama_n_threads(self.ptr)
 
     def set_threads(self, int n_threads, int n_threads_batch):
-        self._check(); llama_set_n_threads(self.ptr, n_threads, n_threads_batch)
+        cdef string err
+        self._check()
+        llama_set_n_threads(self.ptr, n_threads, n_threads_batch)
+        if self.pools != NULL:   # the pools have a fixed size: new ones for the new counts
+            llama_detach_threadpool(self.ptr)
+            _native.threadpools_free(self.pools)
+            self.pools = _native.threadpools_attach(self.ptr, n_threads, n_threads_batch, err)
 
     def memory(self):
         """What this context and its model actually allocated, per device, last row the host."""
@@ -926,20 +943,26 @@ cdef class Context:
                           (f": {problems.splitlines()[-1]}" if problems else ""))
 
     def decode(self, tokens, int seq_id=0, int pos=0, bint logits_last=True, bint logits_all=False):
-        """Decode tokens of one sequence starting at position pos, in chunks of n_batch.
+        """Decode tokens of one sequence starting at position pos, in chunks of n_ubatch.
 
         Returns the batch index of the last token's logits (for sample/logits) or -1.
+        One llama_decode per micro-batch (llama.cpp would split a larger batch into the
+        same micro-batches): between them Python's signal handlers run, so Ctrl-C stops
+        a long prompt within one micro-batch instead of at its end.
         """
         cdef int n = len(tokens)
         cdef int i, k, start
         cdef int last = -1
+        cdef int chunk = min(self.batch_cap, <int> llama_n_ubatch(self.ptr)) if self.ptr != NULL else 0
         cdef llama_token t
         self._check()
         if n == 0:
             raise ValueError("nothing to decode: the token list is empty")
         start = 0
         while start < n:
-            k = min(self.batch_cap, n - start)
+            if start > 0:
+                PyErr_CheckSignals()   # raises KeyboardInterrupt after Ctrl-C
+            k = min(chunk, n - start)
             for i in range(k):
                 t = tokens[start + i]
                 if t < 0 or t >= self.n_vocab:

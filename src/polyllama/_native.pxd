@@ -19,6 +19,12 @@ cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
     string log_recent_problems()
     void log_clear()
 
+    cdef cppclass threadpools:
+        pass
+    threadpools * threadpools_attach(llama_context * ctx, int n_threads, int n_threads_batch,
+                                     string & err) noexcept
+    void threadpools_free(threadpools * tp) noexcept
+
     cdef cppclass device_memory:
         string device
         int64_t total

@@ -31,6 +31,12 @@ def llama_bench(binary: Path, model: str, threads: int, n_prompt: int, n_gen: in
 
 def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: int, backend: str,
                     ngl, flash_attn: str = "auto") -> dict:
+    """polyllama's ppN (generate with max_tokens=1), tgN (generate) and stream tgN.
+
+    Like llama-bench, each test warms up once and then repeats on its own, so that a
+    test's first repetition does not pay for the previous test's graph shapes (on CUDA,
+    a new batch shape re-captures the CUDA graph).
+    """
     from .llm import LLM
     from .sampling import SamplingParams
     llm = LLM(model, backend=backend, n_threads=threads, n_gpu_layers=ngl, flash_attn=flash_attn,
@@ -39,43 +45,37 @@ def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: i
     vocab = llm.metadata["n_vocab"]
     # a prompt of exactly n_prompt tokens, like llama-bench's (which uses random tokens)
     prompt = [(i * 7919 + 13) % (vocab - 1000) + 500 for i in range(n_prompt)]
-    pp, tg_gen, tg_stream, overhead = [], [], [], []
-    # warm-up, as llama-bench does: one full prompt and one generation step, so that the
-    # first timed repetition does not pay for kernel selection and buffer growth
-    core.clear()
-    core.decode(prompt, 0, 0)
-    llm._ctx.logits(-1)
-    llm._cached = []
-    core.clear()
-    llm.generate([prompt[0]], max_tokens=4, ignore_eos=True)
-    for _ in range(reps):
-        llm._cached = []
-        core.clear()
-        t0 = time.perf_counter()
-        core.decode(prompt, 0, 0)
-        llm._ctx.logits(-1)   # synchronize: logits are ready
-        pp.append(n_prompt / (time.perf_counter() - t0))
 
-        llm._cached = []
-        core.clear()
+    def fresh():
+        llm._forget_cache()   # no prefix reuse: every repetition decodes its whole prompt
+
+    pp, tg_gen, tg_stream, overhead = [], [], [], []
+    for rep in range(reps + 1):   # repetition 0 is the warm-up
+        fresh()
+        r = llm.generate(prompt, max_tokens=1)
+        if rep:
+            pp.append(r.prompt_tokens_per_second)
+    for rep in range(reps + 1):
+        fresh()
         core.perf_reset()
         t0 = time.perf_counter()
         r = llm.generate([prompt[0]], max_tokens=n_gen, ignore_eos=True)
         wall = time.perf_counter() - t0
         perf = core.perf()
-        tg_gen.append(r.generation_tokens_per_second)
-        # decode time inside llama.cpp for the generated tokens vs the wall time of the loop
-        if perf["n_eval"]:
-            overhead.append((wall - (perf["t_eval_ms"] + perf["t_p_eval_ms"]) / 1e3) / r.generated_tokens * 1e6)
-
-        llm._cached = []
-        core.clear()
+        if rep:
+            tg_gen.append(r.generation_tokens_per_second)
+            # decode time inside llama.cpp for the generated tokens vs the wall time of the loop
+            if perf["n_eval"]:
+                overhead.append((wall - (perf["t_eval_ms"] + perf["t_p_eval_ms"]) / 1e3) / r.generated_tokens * 1e6)
+    params = SamplingParams(max_tokens=n_gen, ignore_eos=True)
+    for rep in range(reps + 1):
+        fresh()
         # count tokens, not pieces: a piece may hold several tokens (multi-byte characters)
         holder = []
-        for _ in llm._stream_one([prompt[0]], SamplingParams(max_tokens=n_gen, ignore_eos=True), False,
-                                 holder=holder):
+        for _ in llm._stream_one([prompt[0]], params, False, holder=holder):
             pass
-        tg_stream.append(holder[0].generation_tokens_per_second)
+        if rep:
+            tg_stream.append(holder[0].generation_tokens_per_second)
     placement = str(llm.placement)
     llm.close()
     return {"pp": statistics.mean(pp), "pp_sd": statistics.pstdev(pp),

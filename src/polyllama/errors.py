@@ -16,6 +16,7 @@ __all__ = [
     "ConflictingArgumentsError",
     "InsufficientMemoryError",
     "ModelLoadError",
+    "LoadAbortedError",
     "ContextError",
     "ContextOverflowError",
     "DecodeError",
@@ -82,6 +83,10 @@ class InsufficientMemoryError(PolyllamaError, MemoryError):
 # ---- loading and running ----------------------------------------------------------------
 class ModelLoadError(PolyllamaError):
     """llama.cpp could not load the model file."""
+
+
+class LoadAbortedError(ModelLoadError):
+    """The progress callback stopped loading (returned False). No fallback follows it."""
 
 
 class ContextError(PolyllamaError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import array
 import codecs
+import contextlib
 import json
 import logging
 import math
@@ -24,7 +25,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from ._extension import core
 from .errors import (ConflictingArgumentsError, ContextError, ContextOverflowError, GrammarError,
-                     InsufficientMemoryError, ModelLoadError, PolyllamaError, TemplateError)
+                     InsufficientMemoryError, LoadAbortedError, ModelLoadError, PolyllamaError,
+                     TemplateError)
 from .gguf_check import check_gguf
 from .models import default_model_path
 from .placement import (DEFAULT_MARGIN, Candidate, Placement, model_params, resolve_candidates)
@@ -164,10 +166,32 @@ _LOG_PREFIXES = ("llama_model_load: error loading model: ", "gguf_init_from_read
 
 def _load_model(path: str, params, progress=None):
     """core.Model, with a ModelLoadError that names llama.cpp's reason rather than its
-    last log line (which is always the generic "failed to load model")."""
+    last log line (which is always the generic "failed to load model").
+
+    A progress callback that returns False stops loading with LoadAbortedError; one that
+    raises stops it too, and its exception (Ctrl-C included) comes out unchanged.
+    """
+    stopped: list = []
+    watched = None
+    if progress is not None:
+        def watched(fraction):
+            try:
+                ret = progress(fraction)
+            except BaseException as e:   # noqa: BLE001 - re-raised once llama.cpp returns
+                stopped.append(e)
+                return False
+            if ret is not None and not ret:
+                stopped.append(None)
+                return False
+            return True
     try:
-        return core.Model(path, params, progress)
+        return core.Model(path, params, watched)
     except ModelLoadError as e:
+        if stopped:
+            if stopped[0] is not None:
+                raise stopped[0] from None
+            raise LoadAbortedError(f"loading {path} was stopped by the progress callback "
+                                   "(it returned False)", log=e.log) from None
         specific, section = [], []
         for line in (e.log or "").splitlines():
             for prefix in _LOG_PREFIXES:
@@ -272,6 +296,7 @@ class LLM:
         self._ctx = None
         self._embed_ctx = None
         self._cancel = False
+        self._busy = False              # a generation holds the context (see _exclusive)
         self._cached: list[int] = []   # tokens of sequence 0 currently in the KV cache
         path = default_model_path() if model is None else model
         if not isinstance(path, (str, os.PathLike)):
@@ -338,6 +363,8 @@ class LLM:
             try:
                 self._load(cand, memory_margin, progress, skipped)
                 break
+            except LoadAbortedError:
+                raise   # the caller asked to stop: no other candidate
             except (InsufficientMemoryError, ModelLoadError, ContextError) as e:
                 if not fallback or is_last:
                     raise
@@ -464,6 +491,23 @@ class LLM:
             raise PolyllamaError("this LLM is closed")
         return self._ctx
 
+    @contextlib.contextmanager
+    def _exclusive(self):
+        """Hold the lock for work that uses the context, and refuse re-entry from the same
+        thread (the lock is re-entrant): a generate() or logits() called while this thread
+        holds an open stream of the same LLM would overwrite the stream's KV cache."""
+        with self._lock:
+            self._require()
+            if self._busy:
+                raise PolyllamaError(
+                    "this LLM is already generating on this thread (an open stream() or chat(stream=True) "
+                    "iterator): finish or close() that iterator first, or use a second LLM")
+            self._busy = True
+            try:
+                yield self._ctx
+            finally:
+                self._busy = False
+
     def cancel(self) -> None:
         """Stop the generation running in another thread; it ends with finish_reason="cancelled"."""
         self._cancel = True
@@ -479,8 +523,12 @@ class LLM:
     @property
     def metadata(self) -> dict:
         """Architecture, parameters, training context, vocabulary, chat template, quantization."""
-        self._require()
-        m = self._model
+        with self._lock:
+            self._require()
+            return self._metadata(self._model)
+
+    @staticmethod
+    def _metadata(m) -> dict:
         meta = m.metadata()
         return {
             "architecture": meta.get("general.architecture", ""),
@@ -502,13 +550,15 @@ class LLM:
     # ---- tokens -------------------------------------------------------------------------
     def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of text (str, or bytes taken as UTF-8)."""
-        self._require()
-        return self._model.tokenize(_utf8(text), add_special, parse_special)
+        with self._lock:   # close() from another thread waits; an open stream on this thread does not block it
+            self._require()
+            return self._model.tokenize(_utf8(text), add_special, parse_special)
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
         """Text of token ids (invalid UTF-8 across token boundaries is replaced)."""
-        self._require()
-        return self._model.detokenize(_token_list(tokens), False, special).decode("utf-8", "replace")
+        with self._lock:
+            self._require()
+            return self._model.detokenize(_token_list(tokens), False, special).decode("utf-8", "replace")
 
     @staticmethod
     def _check_prompt_type(prompt) -> None:
@@ -535,10 +585,10 @@ class LLM:
 
     def logits(self, prompt: str | list[int]) -> "array.array":
         """llama.cpp's logits for the token after `prompt` (n_vocab floats, array('f'))."""
-        with self._lock:
-            self._require()
+        with self._exclusive():
             tokens = self._fit_prompt(self._prompt_tokens(prompt), SamplingParams(), False, self._ctx.n_ctx_seq)
             self._forget_cache()
+            self._ctx.cancel_requested = False   # a cancel() with nothing running is spent here
             idx = self._ctx.decode(tokens, 0, 0)
             self._cached = list(tokens)
             return self._ctx.logits(idx)
@@ -644,8 +694,7 @@ class LLM:
 
     def _stream_one(self, prompt, params: SamplingParams, truncate: bool, grammar: str | None = None,
                     lazy_patterns=None, holder: list | None = None, prefill=()) -> Iterator[str]:
-        with self._lock:
-            self._require()
+        with self._exclusive():
             self._cancel = False
             tokens = self._fit_prompt(self._prompt_tokens(prompt), params, truncate, self._ctx.n_ctx_seq)
             if grammar is None:
@@ -699,8 +748,8 @@ class LLM:
 
     def _generate_batch(self, prompts: list[str], params: SamplingParams, truncate: bool) -> list[GenerationResult]:
         """Many prompts in one context, one sequence each, one multi-sequence batch per step."""
-        with self._lock:
-            ctx, model = self._ctx, self._model
+        with self._exclusive() as ctx:
+            model = self._model
             self._cancel = False
             ctx.cancel_requested = False
             width = ctx.n_seq_max
@@ -729,7 +778,13 @@ class LLM:
                 p = params if params.seed is None else SamplingParams.from_kwargs(params, seed=params.seed + i)
                 samplers.append(build_sampler(core, model, p, grammar))
 
+            n_probs = params.n_probs
+            for r in runs:
+                r.logprobs = [] if n_probs else None
+
             def pick(i, b):
+                if n_probs:
+                    runs[i].logprobs.append(ctx.top_logprobs(b, n_probs))
                 return ctx.argmax(b, banned) if greedy else samplers[i].sample(ctx, b)
             pos = [len(t) for t in toks]
             max_tokens = params.max_tokens or (1 << 30)

@@ -1,6 +1,7 @@
 #include "polyllama_native.h"
 
 #include "chat.h"
+#include "common.h"
 #include "fit.h"
 #include "json-schema-to-grammar.h"
 #include "json.h"
@@ -590,6 +591,31 @@ static int argmax_blocks(const float * p, int n, int * tail) noexcept {
         }
     }
     return arg;
+}
+
+struct threadpools {
+    common_threadpools pools;
+};
+
+threadpools * threadpools_attach(llama_context * ctx, int n_threads, int n_threads_batch,
+                                 std::string & err) noexcept {
+    try {
+        common_params params;
+        params.cpuparams.n_threads       = n_threads;
+        params.cpuparams_batch.n_threads = n_threads_batch;
+        auto * tp = new threadpools();
+        tp->pools.init(ctx, params);   // attaches them to ctx (llama_attach_threadpool)
+        return tp;
+    } catch (const std::exception & e) {
+        err = e.what();
+    } catch (...) {
+        err = "unknown error";
+    }
+    return nullptr;
+}
+
+void threadpools_free(threadpools * tp) noexcept {
+    delete tp;
 }
 
 int argmax_f32(float * p, int n, int exclude) noexcept {

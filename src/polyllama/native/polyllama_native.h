@@ -28,6 +28,17 @@ void        log_clear();
 // machine, 4% of the ~1 ms an H100 needs to decode a token of a 1B model.
 int argmax_f32(float * p, int n, int exclude) noexcept;
 
+// ---- CPU threadpools (common.h: common_threadpools) --------------------------------------
+// Without an attached threadpool, ggml-cpu makes and joins a new set of threads for every
+// llama_decode: on 2 cores that cost SmolLM2 about 9% of its generation speed against
+// llama-bench, which attaches persistent pools as llama.cpp's own tools do. These wrap
+// libcommon's pools (n_threads for single tokens, n_threads_batch for prompts, polling
+// as llama.cpp's default). The pools must be freed after the context (llama_free).
+struct threadpools;
+threadpools * threadpools_attach(llama_context * ctx, int n_threads, int n_threads_batch,
+                                 std::string & err) noexcept;
+void threadpools_free(threadpools * tp) noexcept;
+
 // ---- memory accounting (common/fit.h) -----------------------------------------------------
 struct device_memory {
     std::string device;   // ggml device name; "Host" for the host (CPU-mapped) buffers
