@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -93,8 +94,9 @@ def main() -> int:
                 BIN / "llama-batched-bench", str(m1), widths=WIDTHS, kv_unified=unified)
         print("batched:", json.dumps(batched), flush=True)
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip() or "unknown"
+    # the device tool's copy of the tree may carry a stale .git: the caller can name the commit
+    commit = os.environ.get("POLYLLAMA_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip() or "unknown"
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                          text=True).stdout.strip()
     lines = [f"## {', '.join(backends)} on {gpu} — {datetime.date.today()}, polyllama {commit}", "",

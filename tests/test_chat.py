@@ -71,3 +71,37 @@ def test_bad_messages_raise(llm):
         llm.chat([{"content": "x"}])
     with pytest.raises(ValueError, match="response_format type"):
         llm.chat(MESSAGES, response_format={"type": "yaml"})
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def test_tools_with_a_template_that_has_them(model_path):
+    # SmolLM2's template has no tools; llama.cpp's copy of Qwen2.5's has. libcommon then
+    # puts the tool in the prompt, makes a grammar that starts at "<tool_call>", and
+    # parses a reply into OpenAI-style tool_calls.
+    from pathlib import Path
+    from polyllama import LLM
+    from polyllama._core import parse_chat_reply
+    tpl = (Path(__file__).resolve().parent.parent / "thirdparty" / "llama.cpp" / "models" / "templates"
+           / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    with LLM(model_path, backend="cpu", n_threads=2, n_ctx=1024, chat_template=tpl) as m:
+        chat = m.apply_chat_template([{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS)
+        assert '"name": "get_weather"' in chat["prompt"]
+        assert chat["grammar"] and chat["grammar_lazy"] and chat["grammar_triggers"] == ["<tool_call>\n"]
+        reply = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        msg = parse_chat_reply(chat["format"], chat["generation_prompt"], chat["parser"], reply)
+        assert msg["tool_calls"] == [{"type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Paris"}'}}]
+        r = m.chat([{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS, max_tokens=8)
+        assert r.message["role"] == "assistant"
+
+
+def test_tools_with_a_template_without_them_warn(llm, caplog):
+    prompt = llm.apply_chat_template([{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS)["prompt"]
+    assert "get_weather" not in prompt
+    with caplog.at_level("WARNING", logger="polyllama"):
+        llm.chat([{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS, max_tokens=2)
+    assert "does not use tools" in caplog.text

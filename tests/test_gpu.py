@@ -109,8 +109,9 @@ def test_fit_offloads_fewer_layers_when_memory_is_short(gpu_model):
     from polyllama import LLM
     est = polyllama.estimate_memory(gpu_model, n_ctx=4096, backend=GPU.backend)
     need = sum(r["bytes"] for r in est["devices"] if r["device"] == GPU.name)
-    # leave only about half of what a full offload needs
-    margin = GPU.memory_free - need // 2
+    # leave only about half of what a full offload needs, measured now: earlier tests'
+    # backends may keep memory that GPU.memory_free (read at import) does not show
+    margin = _free(GPU) - need // 2
     with LLM(gpu_model, backend=GPU.backend, n_gpu_layers="auto", memory_margin=margin) as m:
         assert m.placement.fitted
         assert 0 < m.placement.n_gpu_layers < m.placement.n_layers
@@ -129,13 +130,21 @@ def test_nothing_fits_falls_back_or_raises(gpu_model):
 
 def test_memory_released_after_close(gpu_model):
     from polyllama import LLM
-    before = _free(GPU)
-    for _ in range(20):
+
+    def cycle():
         m = LLM(gpu_model, backend=GPU.backend, n_ctx=2048)
         m.generate("hello", max_tokens=2)
         m.close()
+    cycle()   # what the first use of a device keeps for the process (driver context, handles)
+    before = _free(GPU)
+    for _ in range(20):
+        cycle()
     after = _free(GPU)
+    print(f"free {GPU.name} memory before/after 20 cycles: {before >> 20} / {after >> 20} MiB")
+    # the issue's bound (2%), and one tight enough to see a KV cache (64 MiB here) left
+    # behind by every third cycle
     assert abs(before - after) <= 0.02 * before, (before, after)
+    assert before - after <= 256 << 20, (before, after)
 
 
 @pytest.mark.parametrize("n_ctx", [1024, 8192])

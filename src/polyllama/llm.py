@@ -930,6 +930,11 @@ class LLM:
                 raise ValueError("response_format type must be 'text', 'json_object' or 'json_schema'")
         with self._lock:
             chat = self.apply_chat_template(messages, tools=tools, json_schema=schema)
+            if tools and not chat["grammar"] and not any(
+                    str((t.get("function") or t).get("name", "")) in chat["prompt"]
+                    for t in tools if isinstance(t, dict)):
+                log.warning("polyllama: this model's chat template does not use tools: they were "
+                            "left out of the prompt (pass chat_template= with a template that has them)")
             grammar = chat["grammar"] or (core.json_schema_to_grammar(schema) if schema else None)
             if grammar is None:
                 grammar = self._grammar_for(params)

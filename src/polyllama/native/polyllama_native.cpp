@@ -6,6 +6,7 @@
 #include "json-schema-to-grammar.h"
 #include "json.h"
 #include "llama-ext.h"
+#include "log.h"
 
 #include <atomic>
 #include <limits>
@@ -65,8 +66,29 @@ void log_callback(ggml_log_level level, const char * text, void * /*user_data*/)
 }
 }  // namespace
 
-void log_install() { llama_log_set(log_callback, nullptr); }
-void log_set_stderr_level(int min_level) { g_stderr_level.store(min_level); }
+// libcommon logs through a logger of its own (common/log.h), straight to stderr; its
+// threshold follows ours, so that e.g. common_threadpools' "threadpool init" line appears
+// only with set_log_level("info") / -v.
+static void common_log_follow(int min_level) {
+    int thold = -1;                                   // nothing
+    if (min_level <= GGML_LOG_LEVEL_INFO) {
+        thold = LOG_LEVEL_INFO;
+    } else if (min_level <= GGML_LOG_LEVEL_WARN) {
+        thold = LOG_LEVEL_WARN;
+    } else if (min_level <= GGML_LOG_LEVEL_ERROR) {
+        thold = LOG_LEVEL_ERROR;
+    }
+    common_log_set_verbosity_thold(thold);
+}
+
+void log_install() {
+    llama_log_set(log_callback, nullptr);
+    common_log_follow(g_stderr_level.load());
+}
+void log_set_stderr_level(int min_level) {
+    g_stderr_level.store(min_level);
+    common_log_follow(min_level);
+}
 int  log_get_stderr_level() { return g_stderr_level.load(); }
 
 std::string log_recent_problems() {
