@@ -242,7 +242,8 @@ def compare(model: str, *, backend: str = "cpu", threads: int = 2, n_prompt: int
     import sys
     binary = find_llama_bench(bin_dir)
     ngl = ngl if ngl == "auto" else int(ngl)
-    bench_ngl = 0 if backend == "cpu" else (99 if ngl == "auto" else int(ngl))
+    # llama-bench offloads every layer with 99 (polyllama: "auto" fitting or -1, all of them)
+    bench_ngl = 0 if backend == "cpu" else (99 if ngl in ("auto", -1) else int(ngl))
     # backend="cpu" uses no device at all; llama-bench with -ngl 0 would still hand large
     # matrix products to a visible GPU (op offload), so it gets -dev none to match
     bench_dev = "none" if backend == "cpu" and not device else device

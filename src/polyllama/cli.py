@@ -7,7 +7,10 @@ SmolLM2 model when -m is absent.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
+import re
 import sys
 
 
@@ -29,16 +32,75 @@ def _progress_bar(stream=sys.stderr):
     return cb
 
 
+# ---- argparse types: llama.cpp's spellings (common/arg.cpp of the pinned tree) ----------
+def _ngl_type(text: str):
+    """-ngl as llama.cpp's common/arg.cpp reads it (common.h: -1 is auto, <= -2 is all).
+
+    Returns what LLM(n_gpu_layers=) takes: "auto", -1 (every layer) or N >= 0.
+    """
+    t = text.strip().lower()
+    if t == "auto":
+        return "auto"
+    if t == "all":
+        return -1
+    try:
+        n = int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 'auto', 'all' or a number of layers, not {text!r}") from None
+    if n == -1:
+        return "auto"
+    return -1 if n < -1 else n
+
+
+def _tensor_split_type(text: str) -> list[float]:
+    """-ts as llama.cpp splits it: proportions separated by ',' or '/'."""
+    parts = [x.strip() for x in re.split(r"[,/]+", text.strip()) if x.strip()]
+    try:
+        values = [float(x) for x in parts]
+    except ValueError:
+        values = None
+    if not values:
+        raise argparse.ArgumentTypeError(
+            f"expected proportions per device separated by ',' or '/', e.g. 3,1, not {text!r}")
+    if any(not math.isfinite(v) or v < 0 for v in values) or not any(v > 0 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"proportions must be finite numbers >= 0, at least one > 0, not {text!r}")
+    return values
+
+
+def _device_type(text: str):
+    """-dev: 'none' (llama.cpp: no offload), or comma-separated index / backend:N / ggml name."""
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):
+        raise argparse.ArgumentTypeError("no devices specified")
+    if any(not x for x in items):
+        raise argparse.ArgumentTypeError(f"empty entry in the device list {text!r}")
+    if len(items) == 1 and items[0].lower() == "none":
+        return "none"
+    if any(x.lower() == "none" for x in items):
+        raise argparse.ArgumentTypeError("'none' (no offload) cannot be combined with devices")
+    parsed = [int(x) if x.isdigit() else x for x in items]
+    return parsed[0] if len(parsed) == 1 else parsed
+
+
+NGL_HELP = ("layers to offload, read as llama.cpp reads -ngl: 'auto' or -1 (default): as many as fit "
+            "in free device memory; 'all' or any N <= -2: every layer (n_gpu_layers=-1 in the "
+            "Python API); N >= 0: that many layers (0: none)")
+
+
 def _add_placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--backend", default=None, help="auto, cpu, cuda, hip, sycl, metal, vulkan, opencl, rpc")
-    p.add_argument("-dev", "--device", default=None,
-                   help="device(s), comma-separated: index, backend:N or ggml name (e.g. CUDA0)")
+    p.add_argument("-dev", "--device", type=_device_type, default=None,
+                   help="device(s), comma-separated: index, backend:N or ggml name (e.g. CUDA0); "
+                        "'none': no offload, run on the CPU (as --backend cpu)")
     p.add_argument("--list-devices", action="store_true", help="list devices and exit")
-    p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", default="auto",
-                   help="layers to offload: 'auto' (fit to free memory), N, or -1 for all")
+    p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=_ngl_type, default="auto",
+                   metavar="auto|all|N", help=NGL_HELP)
     p.add_argument("-sm", "--split-mode", choices=("none", "layer", "row", "tensor"), default=None)
-    p.add_argument("-ts", "--tensor-split", default=None, help="proportions per device, e.g. 3,1")
+    p.add_argument("-ts", "--tensor-split", type=_tensor_split_type, default=None,
+                   help="proportions per device, separated by ',' or '/', e.g. 3,1")
     p.add_argument("-mg", "--main-gpu", type=int, default=None, help="main device (index into --device)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size (0: the model's)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads")
@@ -60,11 +122,34 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-j", "--json-schema", default=None, help="JSON schema constraining the output")
 
 
-def _device_arg(text):
-    if text is None:
-        return None
-    items = [int(x) if x.strip().lstrip("-").isdigit() else x.strip() for x in text.split(",") if x.strip()]
-    return items[0] if len(items) == 1 else items
+class _ArgumentError(Exception):
+    """A command-line value the library's argument checks rejected: exit status 2."""
+
+
+# library parameter names (as its ValueError/TypeError messages start) -> the CLI flag
+_FLAGS = {"max_tokens": "-n/--n-predict", "temperature": "--temp", "top_k": "--top-k",
+          "top_p": "--top-p", "min_p": "--min-p", "repeat_penalty": "--repeat-penalty",
+          "seed": "-s/--seed", "stop strings": "-r/--reverse-prompt", "n_ctx": "-c/--ctx-size",
+          "n_threads": "-t/--threads", "tensor_split": "-ts/--tensor-split",
+          "json_schema": "-j/--json-schema", "grammar": "--grammar"}
+
+
+@contextlib.contextmanager
+def _checked_arguments():
+    """Turn the ValueError/TypeError of the library's argument validation into _ArgumentError.
+
+    Only wraps the calls that take command-line values (SamplingParams(...), LLM(...));
+    polyllama's own errors (some are ValueErrors too) go on to main's PolyllamaError handler.
+    """
+    from .errors import PolyllamaError
+    try:
+        yield
+    except PolyllamaError:
+        raise
+    except (ValueError, TypeError) as e:
+        msg = str(e)
+        flag = next((f for name, f in _FLAGS.items() if msg.startswith(name + " ")), None)
+        raise _ArgumentError(f"argument {flag}: {msg}" if flag else msg) from e
 
 
 def _load(args):
@@ -72,27 +157,35 @@ def _load(args):
     from .llm import LLM
     if args.verbose:
         set_log_level("info")
-    ngl = args.n_gpu_layers
-    ngl = ngl if ngl == "auto" else int(ngl)
-    ts = [float(x) for x in args.tensor_split.split(",")] if args.tensor_split else None
-    dev = _device_arg(args.device)
+    backend, dev, ngl = args.backend, args.device, args.n_gpu_layers
+    if dev == "none":   # llama.cpp: offload nothing; here: the CPU backend, -ngl ignored as there
+        if (backend or "auto").lower() not in ("auto", "cpu"):
+            raise _ArgumentError(f"--device none (no offload) conflicts with --backend {backend}")
+        if ngl not in ("auto", 0):
+            print("polyllama: note: --device none offloads nothing; -ngl is ignored", file=sys.stderr)
+        backend, dev, ngl = "cpu", None, "auto"
     main = None
     if args.main_gpu is not None:
         devs = dev if isinstance(dev, list) else ([dev] if dev is not None else None)
+        if devs and not 0 <= args.main_gpu < len(devs):
+            raise _ArgumentError(f"argument -mg/--main-gpu: {args.main_gpu} is not an index into "
+                                 f"the --device list ({len(devs)} device(s))")
         main = devs[args.main_gpu] if devs else args.main_gpu
-    return LLM(args.model, backend=args.backend, device=dev, n_gpu_layers=ngl,
-               split_mode=args.split_mode, tensor_split=ts, main_device=main,
-               fallback=not args.no_fallback, n_ctx=args.ctx_size, n_threads=args.threads,
-               progress=_progress_bar() if sys.stderr.isatty() or args.verbose else None)
+    with _checked_arguments():
+        return LLM(args.model, backend=backend, device=dev, n_gpu_layers=ngl,
+                   split_mode=args.split_mode, tensor_split=args.tensor_split, main_device=main,
+                   fallback=not args.no_fallback, n_ctx=args.ctx_size, n_threads=args.threads,
+                   progress=_progress_bar() if sys.stderr.isatty() or args.verbose else None)
 
 
 def _sampling(args):
     from .sampling import SamplingParams
-    return SamplingParams(max_tokens=None if args.n_predict < 0 else args.n_predict,
-                          temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
-                          min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed,
-                          stop=tuple(args.reverse_prompt), grammar=args.grammar,
-                          json_schema=args.json_schema)
+    with _checked_arguments():
+        return SamplingParams(max_tokens=None if args.n_predict < 0 else args.n_predict,
+                              temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                              min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed,
+                              stop=tuple(args.reverse_prompt), grammar=args.grammar,
+                              json_schema=args.json_schema)
 
 
 def cmd_info(args) -> int:
@@ -122,12 +215,21 @@ def cmd_devices(args) -> int:
 def cmd_run(args) -> int:
     if args.list_devices:
         return cmd_devices(args)
-    llm = _load(args)
-    print(f"[{llm.placement}]", file=sys.stderr)
-    params = _sampling(args)
+    params = _sampling(args)   # before loading: a bad -n/--temp fails at once
     prompt = args.prompt
     if prompt is None:
-        prompt = sys.stdin.read()
+        try:
+            prompt = sys.stdin.read()
+        except UnicodeDecodeError as e:
+            raise _ArgumentError(f"the prompt on stdin is not valid text: {e}") from None
+    if not prompt:
+        raise _ArgumentError("the prompt is empty: give -p TEXT or pipe it on stdin")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _ArgumentError(f"the prompt is not valid UTF-8 ({e.reason} at index {e.start})") from None
+    llm = _load(args)
+    print(f"[{llm.placement}]", file=sys.stderr)
     sys.stdout.write(prompt)
     holder = []
     for piece in llm._stream_one(prompt, params, False, holder=holder):
@@ -145,9 +247,9 @@ def cmd_run(args) -> int:
 def cmd_chat(args) -> int:
     if args.list_devices:
         return cmd_devices(args)
+    params = _sampling(args)
     llm = _load(args)
     print(f"[{llm.placement}] type /exit or Ctrl-D to quit", file=sys.stderr)
-    params = _sampling(args)
     history = []
     if args.system:
         history.append({"role": "system", "content": args.system})
@@ -297,7 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--n-prompt", type=int, default=512)
     p.add_argument("-n", "--n-gen", type=int, default=128)
     p.add_argument("-r", "--reps", type=int, default=5)
-    p.add_argument("-ngl", "--n-gpu-layers", default="auto", help="layers to offload (llama-bench gets 99 for 'auto')")
+    p.add_argument("-ngl", "--n-gpu-layers", type=_ngl_type, default="auto", metavar="auto|all|N",
+                   help=NGL_HELP + "; llama-bench gets 99 for 'auto'")
     p.add_argument("-dev", "--device", default=None, help="llama-bench's -dev value, e.g. CUDA0")
     p.add_argument("--llama-bench-dir", default=None,
                    help="folder holding llama-bench (default: build/cmake/bin of this checkout, then PATH)")
@@ -327,6 +430,14 @@ def main(argv=None) -> int:
     except PolyllamaError as e:
         print(f"polyllama: error: {e}", file=sys.stderr)
         return 1
+    except _ArgumentError as e:
+        # a value the library rejected: reported like argparse's own errors (status 2);
+        # -v also shows where the library raised it. Other exceptions keep their traceback.
+        if getattr(args, "verbose", False) and e.__cause__ is not None:
+            import traceback
+            traceback.print_exception(type(e.__cause__), e.__cause__, e.__cause__.__traceback__)
+        print(f"polyllama: error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130

@@ -1,0 +1,166 @@
+"""The command line (`python -m polyllama` / `polyllama`): llama.cpp's flag spellings and
+clean errors. Real model, no mocks; see test_build.py for the info/--list-devices tests.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from conftest import ROOT, THREADS
+
+from polyllama import cli
+
+PROMPT = "The capital of France is"
+
+
+def run_cli(*args, stdin=None, timeout=300):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    return subprocess.run([sys.executable, "-m", "polyllama", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, input=stdin,
+                          stdin=subprocess.DEVNULL if stdin is None else None)
+
+
+def test_llama_cpp_spellings_match_library_greedy(model_path, llm, capsys):
+    expected = llm.generate(PROMPT, max_tokens=8).text
+    rc = cli.main(["run", "-m", model_path, "-ngl", "0", "-sm", "none", "-dev", "cpu:0", "-p", PROMPT,
+                   "-n", "8", "--temp", "0", "-t", str(THREADS)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert out.out == PROMPT + expected + "\n"
+    assert out.err.startswith("[cpu")
+
+
+def test_run_without_model_uses_default(llm):
+    expected = llm.generate(PROMPT, max_tokens=4).text
+    r = run_cli("run", "-p", PROMPT, "-n", "4", "--temp", "0", "-t", str(THREADS), "--backend", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == PROMPT + expected + "\n"
+
+
+@pytest.mark.parametrize("text,meaning", [
+    ("auto", "auto"), ("-1", "auto"),           # llama.cpp common.h: -1 is auto
+    ("all", -1), ("ALL", -1), ("-2", -1), ("-99", -1),   # <= -2 is all; -1 in the Python API
+    ("0", 0), ("12", 12),
+])
+def test_ngl_values_mean_what_llama_cpp_means(text, meaning):
+    for cmd in ("run", "chat", "bench"):
+        assert cli.build_parser().parse_args([cmd, "-ngl", text]).n_gpu_layers == meaning
+
+
+@pytest.mark.parametrize("ngl", ["all", "auto"])
+def test_ngl_all_and_auto_are_accepted(model_path, ngl, capsys):
+    rc = cli.main(["run", "-m", model_path, "-ngl", ngl, "-p", "Hi", "-n", "1", "-t", str(THREADS)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "Traceback" not in out.err
+
+
+def test_ngl_all_reaches_the_library_as_every_layer(model_path, capsys):
+    # backend cpu refuses any offload: the library's message shows the value it received
+    rc = cli.main(["run", "-m", model_path, "--backend", "cpu", "-ngl", "all", "-p", "Hi", "-n", "1"])
+    assert rc == 1
+    assert "n_gpu_layers=-1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["-ngl", "many"], "-ngl/--n-gpu-layers"),
+    (["-ngl", "1.5"], "-ngl/--n-gpu-layers"),
+    (["-ts", "3,x"], "-ts/--tensor-split"),
+    (["-ts", "0,0"], "-ts/--tensor-split"),
+    (["-ts", ""], "-ts/--tensor-split"),
+    (["-dev", ","], "-dev/--device"),
+    (["-dev", "none,cpu:0"], "-dev/--device"),
+])
+def test_bad_placement_values_are_argparse_errors(args, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["run", "-p", "Hi", *args])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"polyllama run: error: argument {flag}" in err
+
+
+def test_bad_ngl_in_subprocess_is_a_message(model_path):
+    r = run_cli("run", "-m", model_path, "-ngl", "many", "-p", "Hi")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert "expected 'auto', 'all' or a number of layers, not 'many'" in r.stderr
+
+
+def test_tensor_split_accepts_llama_cpp_separators():
+    assert cli.build_parser().parse_args(["run", "-ts", "3/1"]).tensor_split == [3.0, 1.0]
+    assert cli.build_parser().parse_args(["run", "-ts", "1,2,1"]).tensor_split == [1.0, 2.0, 1.0]
+
+
+def test_device_none_runs_on_cpu(model_path, llm, capsys):
+    expected = llm.generate("Hi", max_tokens=2).text
+    rc = cli.main(["run", "-m", model_path, "--device", "none", "-p", "Hi", "-n", "2", "--temp", "0",
+                   "-t", str(THREADS)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert out.err.startswith("[cpu"), out.err
+    assert out.out == "Hi" + expected + "\n"
+
+
+def test_device_none_conflicts_with_a_gpu_backend(model_path, capsys):
+    assert cli.main(["run", "-m", model_path, "-dev", "none", "--backend", "cuda", "-p", "Hi"]) == 2
+    assert capsys.readouterr().err.startswith("polyllama: error: --device none")
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["-n", "0"], "-n/--n-predict"),
+    (["-t", "0"], "-t/--threads"),
+    (["--temp", "-1"], "--temp"),
+    (["-c", "-5"], "-c/--ctx-size"),
+    (["-r", ""], "-r/--reverse-prompt"),
+])
+def test_values_the_library_rejects_are_clean_errors(model_path, args, flag):
+    r = run_cli("run", "-m", model_path, "-p", "Hi", *args)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.splitlines()[-1].startswith(f"polyllama: error: argument {flag}: ")
+
+
+def test_empty_prompt_is_a_clean_error(model_path, capsys):
+    assert cli.main(["run", "-m", model_path, "-p", ""]) == 2
+    assert "the prompt is empty" in capsys.readouterr().err
+
+
+def test_main_gpu_out_of_range_is_a_clean_error(model_path, capsys):
+    assert cli.main(["run", "-m", model_path, "-dev", "cpu:0", "-mg", "3", "-p", "Hi"]) == 2
+    assert "argument -mg/--main-gpu" in capsys.readouterr().err
+
+
+def test_chat_from_stdin_keeps_history(model_path, llm):
+    q1 = "My name is Zorblax and my favourite colour is teal."
+    q2 = "What is my name?"
+    n = 16
+    r1 = llm.chat([{"role": "user", "content": q1}], max_tokens=n).text
+    r2 = llm.chat([{"role": "user", "content": q1}, {"role": "assistant", "content": r1},
+                   {"role": "user", "content": q2}], max_tokens=n).text
+    alone = llm.chat([{"role": "user", "content": q2}], max_tokens=n).text
+    # the model only knows the name when the first turn is in the prompt
+    assert "Zorb" in r2 and "Zorb" not in alone, (r2, alone)
+    r = run_cli("chat", "-m", model_path, "-n", str(n), "--temp", "0", "-t", str(THREADS),
+                "--backend", "cpu", stdin=f"{q1}\n{q2}\n")
+    assert r.returncode == 0, r.stderr
+    # input() writes its "> " prompt to stdout; EOF ends the session with a newline
+    assert r.stdout == f"> {r1}\n> {r2}\n> \n"
+
+
+def test_console_script_is_declared_and_callable():
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    target = scripts["polyllama"]
+    module, _, attr = target.partition(":")
+    fn = importlib.import_module(module)
+    for part in attr.split("."):
+        fn = getattr(fn, part)
+    assert callable(fn)
+    inspect.signature(fn).bind()   # the generated script calls it with no arguments
+    assert fn is cli.main
