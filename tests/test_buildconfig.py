@@ -541,6 +541,51 @@ def test_vulkan_dev_loader_needs_no_hint(fake):
     assert bc.detect_vulkan(fake.env).cmake == {}
 
 
+# `glslc --version` of Debian 12's glslc package, as printed on our build machine
+GLSLC_DEBIAN12 = "shaderc 2023.2-1\nspirv-tools 2022.4+1.3.236.0-1\nglslang 11.13.0-1\n\nTarget: SPIR-V 1.0"
+
+
+def test_vulkan_glslc_version_debian_format(fake):
+    fake.vulkan_headers(fake.at("/usr/include"), 275)
+    fake.vulkan_rest(glslc=False)
+    glslc = fake.tool("glslc", GLSLC_DEBIAN12)
+    info = bc.detect_vulkan(fake.env)
+    assert info.found, info.missing
+    assert f"glslc 2023.2 at {glslc}" in info.notes
+
+
+def test_vulkan_glslc_version_unknown_output(fake):
+    fake.vulkan_headers(fake.at("/usr/include"), 275)
+    fake.vulkan_rest(glslc=False)
+    glslc = fake.tool("glslc", "something else entirely")
+    assert f"glslc (version unknown) at {glslc}" in bc.detect_vulkan(fake.env).notes
+
+
+def test_vulkan_loader_version_from_real_file_name(fake):
+    # Debian 12: libvulkan.so -> libvulkan.so.1 -> libvulkan.so.1.3.239, with newer headers
+    lib = fake.at("/usr/lib/x86_64-linux-gnu")
+    touch(lib / "libvulkan.so.1.3.239")
+    (lib / "libvulkan.so.1").symlink_to("libvulkan.so.1.3.239")
+    (lib / "libvulkan.so").symlink_to("libvulkan.so.1")
+    fake.vulkan_headers(fake.cache / "vulkan-headers" / "usr" / "include", 309, minor=4)
+    fake.vulkan_rest(loader=None)
+    info = bc.detect_vulkan(fake.env)
+    assert info.found, info.missing
+    assert info.version == "1.4.309" and info.path == str(lib / "libvulkan.so")
+    # the headers' version is not called the SDK's next to a different loader
+    assert info.summary() == f"Vulkan SDK: headers 1.4.309, loader 1.3.239 at {lib / 'libvulkan.so'}"
+    assert f"loader 1.3.239 at {lib / 'libvulkan.so'} (-> libvulkan.so.1.3.239)" in info.notes
+
+
+def test_vulkan_loader_without_version_in_name(fake):
+    fake.vulkan_headers(fake.at("/usr/include"), 275)
+    fake.vulkan_rest(loader="libvulkan.so.1")
+    info = bc.detect_vulkan(fake.env)
+    lib = fake.at("/usr/lib/x86_64-linux-gnu/libvulkan.so.1")
+    assert info.summary() == f"Vulkan SDK: headers 1.3.275, loader at {lib}"
+    assert f"loader at {lib}" in info.notes
+
+
 @pytest.mark.parametrize("drop", ["loader", "glslc", "spirv"])
 def test_vulkan_each_missing_piece(fake, drop):
     fake.vulkan_headers(fake.at("/usr/include"), 275)

@@ -1,5 +1,6 @@
 """Device discovery and selection on the build at hand (CPU, and Vulkan where present)."""
 import logging
+import sys
 
 import pytest
 
@@ -7,6 +8,7 @@ import polyllama
 from polyllama import (LLM, BackendNotCompiledError, ConflictingArgumentsError, DeviceNotFoundError,
                        PolyllamaError, UnknownBackendError)
 from polyllama import backends, devices
+from polyllama.discovery import AUTO_ORDER
 
 
 def compiled(name):
@@ -83,10 +85,44 @@ def test_auto_on_cpu_build_lands_on_cpu_and_says_why(model_path, caplog):
             assert m.placement.backend == "cpu"
             assert m.placement.devices == ["CPU"]
             assert m.placement.n_gpu_layers == 0 and m.placement.n_layers == 31
-            for reason in m.placement.skipped:
+            skipped = m.placement.skipped
+            # every GPU backend auto tries is either absent or has no usable device here
+            assert skipped
+            for reason in skipped:
                 assert reason in caplog.text
             if compiled("vulkan"):
-                assert any(r.startswith("vulkan:") for r in m.placement.skipped)
+                assert any(r.startswith("vulkan:") for r in skipped)
+            absent = [n for n in AUTO_ORDER if not compiled(n) and (n != "metal" or sys.platform == "darwin")]
+            if absent:   # one entry for all of them, first
+                hint = (f"make build-{absent[0]} or GGML_{absent[0].upper()}=1" if len(absent) == 1
+                        else "make build-<name> or GGML_<NAME>=1")
+                assert skipped[0] == f"{', '.join(absent)}: not compiled in (rebuild with {hint} pip install .)"
+                assert sum("not compiled in" in r for r in skipped) == 1
+            assert not any(r.startswith("metal") for r in skipped) or sys.platform == "darwin"
+
+
+def test_split_mode_row_without_split_buffers_is_a_conflict(model_path):
+    # llama.cpp would fail inside the load ("device ... does not support split buffers")
+    from polyllama.placement import ROW_SPLIT_BACKENDS, resolve_candidates
+    assert ROW_SPLIT_BACKENDS == ("sycl",)
+    usable = [d for d in devices() if d.is_offload_target and d.backend not in ROW_SPLIT_BACKENDS
+              and d.backend != "rpc"]
+    if not usable:
+        pytest.skip("no offload device of a backend without row split")
+    with pytest.raises(ConflictingArgumentsError,
+                       match=rf"split_mode='row' needs split buffers, which {usable[0].backend} does not "
+                             r"have; in this build's llama.cpp only sycl has them .* use split_mode='layer' or 'tensor'"):
+        resolve_candidates(device=usable[0].spec, split_mode="row")
+
+
+def test_real_device_names_unfold_the_meta_device():
+    from polyllama.placement import Placement, real_device_names
+    cpu = next(d for d in devices() if d.backend == "cpu")
+    assert real_device_names(["Meta(CUDA0,CUDA1)"]) == ["CUDA0", "CUDA1"]
+    assert real_device_names(["Meta()"], [cpu]) == ["CPU"]
+    assert real_device_names(["Meta()"]) == ["Meta()"]       # nothing to map it to
+    assert real_device_names(["CUDA0", "Vulkan0"]) == ["CUDA0", "Vulkan0"]
+    assert Placement("cuda", ["Meta(CUDA0,CUDA1)"], 31, 31).devices == ["CUDA0", "CUDA1"]
 
 
 def test_greedy_output_identical_however_cpu_is_chosen(model_path, llm):

@@ -164,3 +164,61 @@ def test_hidden_cpu_vulkan_device_is_reported(tmp_path):
     assert names == []
     assert reason == ("Vulkan compiled in; 1 CPU-type device hidden, set GGML_VK_VISIBLE_DEVICES "
                       "to use it (e.g. GGML_VK_VISIBLE_DEVICES=0)")
+
+
+_KV_LIMIT_CHILD = r"""
+import sys
+import polyllama
+from polyllama import LLM, ContextError
+model = sys.argv[1]
+for what in ("estimate", "load"):
+    try:
+        if what == "estimate":
+            polyllama.estimate_memory(model, n_ctx=1 << 20, backend="vulkan")
+        else:
+            LLM(model, backend="vulkan", n_ctx=1 << 20, n_gpu_layers=-1, fallback=False)
+        print(what, "no error")
+    except ContextError as e:
+        print(what, "ContextError", e)
+"""
+
+
+@needs_vulkan
+def test_kv_cache_beyond_a_vulkan_buffer_raises_instead_of_aborting(model_path):
+    # lavapipe addresses 128 MiB per storage buffer; one layer of SmolLM2's KV cache at
+    # n_ctx=2**20 is 384 MiB. ggml's scheduler aborted the process on that (estimate and
+    # load alike) before polyllama asked the device first. Run in a child: a regression
+    # would kill the interpreter.
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    out = subprocess.run([sys.executable, "-c", _KV_LIMIT_CHILD, model_path], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    for what in ("estimate", "load"):
+        line = next(x for x in lines if x.startswith(what + " "))
+        assert "ContextError one layer of the KV cache at n_ctx=1048576 is 384 MiB, more than Vulkan0" in line
+
+
+@needs_vulkan
+def test_split_mode_row_on_vulkan_is_a_conflict_before_loading(model_path):
+    # llama.cpp itself fails the load with "device Vulkan0 does not support split buffers"
+    from polyllama import ConflictingArgumentsError
+    for kw in (dict(backend="vulkan"), dict(device="vulkan:0")):
+        with pytest.raises(ConflictingArgumentsError, match=r"split_mode='row' needs split buffers, which "
+                                                            r"vulkan does not have; .* only sycl"):
+            LLM(model_path, split_mode="row", n_threads=THREADS, n_ctx=256, **kw)
+
+
+@needs_vulkan
+def test_split_mode_tensor_skips_fitting_and_offloads_all(model_path, llm):
+    # llama.cpp's common_fit_params refuses SPLIT_MODE_TENSOR; this was a false
+    # InsufficientMemoryError ("Meta() needs 146 MiB, has 2048 MiB free")
+    from polyllama.placement import real_device_names
+    prompt = PROMPTS[0]
+    with LLM(model_path, backend="vulkan", split_mode="tensor", n_threads=THREADS, n_ctx=256) as m:
+        p = m.placement
+        assert not p.fitted and p.n_gpu_layers == p.n_layers == m.metadata["n_layer"] + 1
+        # the model sits on llama.cpp's meta device, named "Meta()" by the pinned ggml
+        assert real_device_names(p.devices, _vk_devices[:1]) == ["Vulkan0"], p.devices
+        ref = llm.generate(prompt, max_tokens=GREEDY_PREFIX).tokens
+        assert m.generate(prompt, max_tokens=GREEDY_PREFIX).tokens == ref

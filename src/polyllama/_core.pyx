@@ -91,6 +91,11 @@ def system_info():
     return _s(llama_print_system_info())
 
 
+def device_supports_tensor_bytes(size_t index, uint64_t nbytes):
+    """Whether ggml device `index` accepts one F16 tensor of nbytes (its supports_op)."""
+    return _native.device_supports_tensor_bytes(index, nbytes)
+
+
 def max_devices():
     return llama_max_devices()
 

@@ -19,6 +19,7 @@ cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
     string log_recent_problems()
     void log_clear()
 
+    cbool device_supports_tensor_bytes(size_t dev_index, uint64_t nbytes) noexcept
     cdef cppclass threadpools:
         pass
     threadpools * threadpools_attach(llama_context * ctx, int n_threads, int n_threads_batch,

@@ -335,12 +335,23 @@ class SdkInfo:
     devices: List[str] = field(default_factory=list)    # device names the device probe listed
     archs: List[str] = field(default_factory=list)      # CUDA architectures ("90") or AMD gfx targets
     cpu_type_devices: int = 0                           # Vulkan: CPU-type devices (llvmpipe)
+    # Where the SDK is pieced together (Vulkan: headers from one place, the loader from
+    # another), what `version` and `path` belong to, e.g. "headers" / "loader 1.3.239".
+    version_of: str = ""
+    path_of: str = ""
 
     def summary(self) -> str:
         b = backend_by_name(self.backend)
         what = b.sdk_name if b is not None else self.backend
         if not self.found:
             return f"{what} not found: {'; '.join(self.missing) or 'unknown reason'}"
+        if self.version_of or self.path_of:
+            parts = []
+            if self.version:
+                parts.append(f"{self.version_of or 'version'} {self.version}")
+            if self.path:
+                parts.append(f"{self.path_of + ' ' if self.path_of else ''}at {self.path}")
+            return f"{what}: " + ", ".join(parts)
         bits = [what]
         if self.version:
             bits.append(self.version)
@@ -675,7 +686,7 @@ def detect_vulkan(env: Optional[Mapping[str, str]] = None) -> SdkInfo:
     if good:
         version, include_dir = good[0]
         headers_ok = True
-        info.version = _dotted(version)
+        info.version, info.version_of = _dotted(version), "headers"
         info.notes.append(f"headers {info.version} in {include_dir}")
         if os.path.normpath(include_dir) != os.path.normpath(system_include):
             info.cmake["Vulkan_INCLUDE_DIR"] = include_dir
@@ -696,7 +707,13 @@ def detect_vulkan(env: Optional[Mapping[str, str]] = None) -> SdkInfo:
     runtime_lib = _glob_first([os.path.join(d, "libvulkan.so.1") for d in lib_dirs])
     if dev_lib or runtime_lib:
         info.path = dev_lib or runtime_lib
-        info.notes.append(f"loader {info.path}")
+        # the loader's version is in its real file name (libvulkan.so.1 -> libvulkan.so.1.3.239);
+        # it is not the headers' version and need not match it
+        real = os.path.realpath(runtime_lib or info.path)
+        loader_version = _search(r"^libvulkan\.so\.(\d+\.\d+\.\d+)$", os.path.basename(real))
+        info.path_of = f"loader {loader_version}" if loader_version else "loader"
+        info.notes.append(f"{info.path_of} at {info.path}"
+                          + (f" (-> {os.path.basename(real)})" if real != info.path else ""))
         if not dev_lib:
             info.cmake["Vulkan_LIBRARY"] = runtime_lib
     else:
@@ -708,8 +725,10 @@ def detect_vulkan(env: Optional[Mapping[str, str]] = None) -> SdkInfo:
     if glslc:
         info.tool = glslc
         rc, out = _run([glslc, "--version"], env)
-        first = out.strip().splitlines()[0] if rc == 0 and out.strip() else ""
-        glslc_version = _search(r"v(\d+(?:\.\d+)+)", first)
+        # upstream/LunarG: "shaderc v2023.2 v2023.2"; Debian's package: "shaderc 2023.2-1"
+        lines = out.strip().splitlines() if rc == 0 else []
+        first = next((ln for ln in lines if ln.lower().startswith("shaderc")), lines[0] if lines else "")
+        glslc_version = _search(r"(?<![\w.])v?(\d+(?:\.\d+)+)", first)
         info.notes.append(f"glslc {glslc_version or '(version unknown)'} at {glslc}")
     else:
         info.missing.append("glslc (GLSL to SPIR-V compiler; package glslc)")

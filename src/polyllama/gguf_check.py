@@ -192,17 +192,43 @@ def _problems(meta: dict) -> list[str]:
     return problems
 
 
-def check_gguf(path: str | os.PathLike) -> None:
-    """Raise ModelLoadError when the file has metadata llama.cpp would abort on."""
+def kv_layer_bytes(meta: dict | None, n_ctx: int) -> int | None:
+    """Bytes of the largest F16 K or V tensor of one layer for n_ctx cells (llama.cpp pads
+    the cache to a multiple of 256), from the standard attention keys; None when the file
+    does not say. Architectures with another cache layout (MLA, recurrent) may differ."""
+    if not meta or not isinstance(meta.get("general.architecture"), bytes):
+        return None
+    arch = meta["general.architecture"].decode("utf-8", "replace")
+
+    def largest(key):
+        v = meta.get(f"{arch}.{key}")
+        if isinstance(v, list):
+            v = max((x for x in v if isinstance(x, int)), default=None)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+    n_embd, n_head = largest("embedding_length"), largest("attention.head_count")
+    n_head_kv = largest("attention.head_count_kv") or n_head
+    if not n_embd or not n_head or not n_head_kv:
+        return None
+    head = max(largest("attention.key_length") or n_embd // n_head,
+               largest("attention.value_length") or n_embd // n_head)
+    cells = n_ctx or largest("context_length") or 0
+    cells = -(-cells // 256) * 256
+    return cells * n_head_kv * head * 2
+
+
+def check_gguf(path: str | os.PathLike) -> dict | None:
+    """Raise ModelLoadError when the file has metadata llama.cpp would abort on; else
+    return the metadata (read_metadata's dict, None when it could not be walked)."""
     try:
         meta = read_metadata(path)
     except OSError as e:
         raise ModelLoadError(f"cannot read {os.fspath(path)}: {e.strerror or e}; check that the "
                              "file exists and is readable") from None
     if meta is None:
-        return
+        return None
     problems = _problems(meta)
     if problems:
         raise ModelLoadError(f"{os.fspath(path)} has invalid metadata: " + "; ".join(problems)
                              + ". The file is damaged or was written by a faulty converter: "
                              "download or convert it again.")
+    return meta

@@ -29,7 +29,8 @@ from .errors import (ConflictingArgumentsError, ContextError, ContextOverflowErr
                      TemplateError)
 from .gguf_check import check_gguf
 from .models import default_model_path
-from .placement import (DEFAULT_MARGIN, Candidate, Placement, model_params, resolve_candidates)
+from .placement import (DEFAULT_MARGIN, Candidate, Placement, check_kv_fits_devices, model_params,
+                        resolve_candidates)
 from .sampling import SamplingParams, build_sampler, is_plain_greedy
 
 log = logging.getLogger("polyllama")
@@ -208,6 +209,12 @@ def _load_model(path: str, params, progress=None):
                              "is damaged or incomplete, download or convert it again.", log=e.log) from None
 
 
+def _allocation_failed(e: Exception) -> bool:
+    """Whether llama.cpp's log or message says a buffer allocation failed."""
+    text = ((getattr(e, "log", "") or "") + " " + str(e)).lower()
+    return "failed to allocate" in text or "unable to allocate" in text or "out of memory" in text
+
+
 def _utf8(text, what: str = "text") -> bytes:
     """UTF-8 bytes of text; ValueError for what cannot be UTF-8 (llama.cpp's tokenizers
     expect valid UTF-8: lone surrogates in a str, invalid sequences in bytes)."""
@@ -304,7 +311,9 @@ class LLM:
         self.model_path = os.fspath(path)
         if not os.path.isfile(self.model_path):
             raise ModelLoadError(f"model file not found: {self.model_path}")
-        check_gguf(self.model_path)   # values llama.cpp would abort on (docs/HARDENING.md)
+        # values llama.cpp would abort on (docs/HARDENING.md); the metadata is kept for
+        # the device-limit check of _load
+        self._gguf_meta = check_gguf(self.model_path)
         for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch),
                         ("n_seq_max", n_seq_max)):
             if isinstance(v, bool) or not isinstance(v, int):
@@ -386,6 +395,7 @@ class LLM:
 
     # ---- loading ------------------------------------------------------------------------
     def _load(self, cand: Candidate, margin: int, progress, skipped: list[str]) -> None:
+        check_kv_fits_devices(self._gguf_meta, self._cparams["n_ctx"], cand)
         mp = model_params(cand)
         cp = core.ContextParams(**self._cparams)
         fitted = False
@@ -400,15 +410,27 @@ class LLM:
                 raise self._memory_error(cand, cp, "not even one layer fits in free device memory")
         if not cand.devices:
             self._check_host_memory(cand, cp)
-        model = _load_model(self.model_path, mp, progress)
+        try:
+            model = _load_model(self.model_path, mp, progress)
+        except LoadAbortedError:
+            raise
+        except ModelLoadError as e:
+            # an explicit n_gpu_layers that does not fit: llama.cpp fails to allocate a buffer
+            if cand.devices and _allocation_failed(e):
+                err = self._memory_error(cand, cp, "the model does not fit in device memory with "
+                                         f"n_gpu_layers={cand.n_gpu_layers} (use fewer, or 'auto')")
+                err.log = e.log
+                raise err from None
+            raise
         try:
             ctx = core.Context(model, cp)
         except ContextError as e:
             model.close()
-            if "failed to allocate" in (e.log or "") + str(e):
-                raise InsufficientMemoryError(
-                    f"the context (n_ctx={self._cparams['n_ctx']}) does not fit in memory: {e}; "
-                    "use a smaller n_ctx or n_seq_max", log=e.log) from None
+            if _allocation_failed(e):
+                err = self._memory_error(cand, cp, f"the context (n_ctx={self._cparams['n_ctx']}) does not "
+                                         "fit in memory; use a smaller n_ctx or n_seq_max")
+                err.log = e.log
+                raise err from None
             raise
         except BaseException:
             model.close()

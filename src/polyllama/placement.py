@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Sequence, Union
 
 from . import buildconfig
 from ._extension import core
 from .discovery import AUTO_ORDER, Device, backends, devices
-from .errors import (BackendNotCompiledError, ConflictingArgumentsError, DeviceNotFoundError,
+from .errors import (BackendNotCompiledError, ConflictingArgumentsError, ContextError, DeviceNotFoundError,
                      NoDeviceError, UnknownBackendError)
 
 log = logging.getLogger("polyllama")
@@ -24,6 +25,12 @@ DeviceSpec = Union[int, str, Device]
 SPLIT_MODES = ("none", "layer", "row", "tensor")
 BACKEND_NAMES = tuple(b.name for b in buildconfig.BACKENDS)
 DEFAULT_MARGIN = 1 << 30  # bytes left free per device when fitting, as llama.cpp's -fit
+# split_mode="row" puts weights in a backend's split buffer type, which llama.cpp asks the
+# registry for ("ggml_backend_split_buffer_type", src/llama-model.cpp make_gpu_buft_list)
+# and fails without ("device Vulkan0 does not support split buffers"). In the pinned
+# llama.cpp only ggml-sycl exports it: ggml-cuda (so HIP too) dropped row split for
+# split_mode="tensor".
+ROW_SPLIT_BACKENDS = ("sycl",)
 
 
 @dataclass
@@ -54,6 +61,9 @@ class Placement:
     skipped: list[str] = field(default_factory=list)   # why earlier candidates were not used
     fitted: bool = False                   # n_gpu_layers chosen by llama.cpp's memory fitting
     remote: dict[str, str] = field(default_factory=dict)  # RPC device name -> "host:port"
+
+    def __post_init__(self) -> None:
+        self.devices = real_device_names(self.devices)
 
     def __str__(self) -> str:
         where = ", ".join(f"{d} ({self.remote[d]})" if d in self.remote else d for d in self.devices)
@@ -190,6 +200,14 @@ def resolve_candidates(backend: str | None = None, device: DeviceSpec | Sequence
     # auto: GPU backends in AUTO_ORDER, then the CPU
     cands = []
     statuses = {s.name: s for s in backends()}
+    # one entry for all of them: the rebuild hint is the same for each (Metal only on macOS)
+    absent = [n for n in AUTO_ORDER if not statuses[n].compiled
+              and (n != "metal" or sys.platform == "darwin")]
+    if absent:
+        hint = (f"make build-{absent[0]} or GGML_{absent[0].upper()}=1" if len(absent) == 1
+                else "make build-<name> or GGML_<NAME>=1")
+        skipped.append(f"{', '.join(absent)}: not compiled in (rebuild with {hint} pip install .)")
+    no_row = []
     for name in AUTO_ORDER:
         st = statuses[name]
         if not st.compiled:
@@ -202,9 +220,15 @@ def resolve_candidates(backend: str | None = None, device: DeviceSpec | Sequence
             skipped.append(f"{name}: only software devices that run on the CPU "
                            f"({', '.join(d.name for d in st.devices)}); pass backend={name!r} to use them")
             continue
+        if split_mode == "row" and name not in ROW_SPLIT_BACKENDS:
+            no_row.append(name)
+            skipped.append(f"{name}: no split_mode='row' support")
+            continue
         # one backend's devices together (multi-GPU of one vendor); tensor_split applies to them
         cands.append(_finish(Candidate(name, devs, n_gpu_layers=n_gpu_layers), split_mode,
                              tensor_split, main_device, all_devs))
+    if not cands and no_row:
+        raise ConflictingArgumentsError(_row_split_message(no_row))
     if not cands and (tensor_split is not None or main_device is not None):
         raise ConflictingArgumentsError("tensor_split/main_device were given but no GPU backend is usable; "
                                         + "; ".join(skipped))
@@ -212,8 +236,25 @@ def resolve_candidates(backend: str | None = None, device: DeviceSpec | Sequence
     return cands, skipped
 
 
+def _row_split_message(backends_without: Sequence[str]) -> str:
+    return (f"split_mode='row' needs split buffers, which {'/'.join(backends_without)} does not have; "
+            f"in this build's llama.cpp only {'/'.join(ROW_SPLIT_BACKENDS)} has them (CUDA and HIP "
+            "replaced row split with split_mode='tensor'); use split_mode='layer' or 'tensor'")
+
+
 def _finish(c: Candidate, split_mode, tensor_split, main_device, all_devs) -> Candidate:
     c.split_mode = split_mode or ("none" if len(c.devices) == 1 else "layer")
+    if c.split_mode == "row":
+        without = sorted({d.backend for d in c.devices if d.backend not in ROW_SPLIT_BACKENDS})
+        if without:
+            raise ConflictingArgumentsError(_row_split_message(without))
+    if c.split_mode == "tensor" and c.n_gpu_layers == "auto":
+        # llama.cpp's common_fit_params refuses SPLIT_MODE_TENSOR ("not implemented", which
+        # polyllama reported as a false InsufficientMemoryError). llama-cli goes on without
+        # fitting and offloads every layer (n_gpu_layers -1); so does polyllama.
+        log.info("polyllama: split_mode='tensor': llama.cpp's memory fitting does not support it; "
+                 "offloading all layers (pass an int n_gpu_layers to choose)")
+        c.n_gpu_layers = -1
     if tensor_split is not None:
         if len(tensor_split) > len(c.devices):
             raise ConflictingArgumentsError(
@@ -226,6 +267,27 @@ def _finish(c: Candidate, split_mode, tensor_split, main_device, all_devs) -> Ca
             raise ConflictingArgumentsError(f"main_device {d.spec} is not among the chosen devices ({c.describe()})")
         c.main_gpu = c.devices.index(d)
     return c
+
+
+def real_device_names(names: Sequence[str], devices: Sequence[Device] = ()) -> list[str]:
+    """Device names with llama.cpp's tensor-parallel meta device replaced by its members.
+
+    split_mode="tensor" loads the model onto one ggml "Meta(<dev>,<dev>...)" device. The
+    pinned ggml builds that name from a vector it has just moved from, so it always reads
+    "Meta()"; then only the candidate's `devices` (what was passed to llama.cpp, all of
+    which the meta device spans) can say which devices hold the model.
+    """
+    out: list[str] = []
+    for name in names:
+        if name.startswith("Meta(") and name.endswith(")"):
+            inner = [n for n in name[len("Meta("):-1].split(",") if n]
+            members = inner or [d.name for d in devices]
+            if members:
+                out += [m for m in members if m not in out]
+                continue
+        if name not in out:
+            out.append(name)
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -245,6 +307,26 @@ def model_params(c: Candidate, vocab_only: bool = False):
     return mp
 
 
+def check_kv_fits_devices(meta: dict | None, n_ctx: int, cand: Candidate) -> None:
+    """ContextError when one layer's KV cache is larger than a device of `cand` takes in
+    one tensor (asked through ggml's supports_op). ggml-vulkan refuses tensors beyond its
+    storage-buffer range (128 MiB on lavapipe, 4 GiB on most GPUs); a KV cache layer
+    allocated there anyway makes ggml's scheduler abort the process while a context is
+    made, llama.cpp's fit and estimate included. `meta`: gguf_check.read_metadata's dict."""
+    from .gguf_check import kv_layer_bytes
+    if not cand.devices or cand.n_gpu_layers == 0:
+        return
+    nbytes = kv_layer_bytes(meta, n_ctx)
+    if not nbytes:
+        return
+    for d in cand.devices:
+        if not core.device_supports_tensor_bytes(d.index, nbytes):
+            raise ContextError(
+                f"one layer of the KV cache at n_ctx={n_ctx or 'the model maximum'} is "
+                f"{nbytes / 2**20:.0f} MiB, more than {d.name} ({d.backend}) takes in one buffer; "
+                "use a smaller n_ctx (or run that device's layers elsewhere)")
+
+
 def estimate_memory(model_path: str | os.PathLike, n_ctx: int = 4096, *, backend: str | None = "auto",
                     device: DeviceSpec | Sequence[DeviceSpec] | None = None,
                     n_gpu_layers: int | str = "auto", n_batch: int = 2048, n_ubatch: int = 512,
@@ -256,8 +338,10 @@ def estimate_memory(model_path: str | os.PathLike, n_ctx: int = 4096, *, backend
     "total", "free"}, ...], "n_layer", "n_ctx_train"}; the "Host" row is memory in RAM.
     With n_gpu_layers="auto" (default: all layers) nothing is fitted; see LLM for that.
     """
+    from .gguf_check import check_gguf
     cands, _ = resolve_candidates(backend, device, n_gpu_layers)
     c = cands[0]
+    check_kv_fits_devices(check_gguf(model_path), n_ctx, c)
     mp = model_params(c)
     cp = core.ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
                             flash_attn=flash_attn)

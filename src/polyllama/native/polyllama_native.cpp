@@ -615,6 +615,21 @@ static int argmax_blocks(const float * p, int n, int * tail) noexcept {
     return arg;
 }
 
+bool device_supports_tensor_bytes(size_t dev_index, uint64_t nbytes) noexcept {
+    if (dev_index >= ggml_backend_dev_count()) {
+        return false;
+    }
+    ggml_init_params params = { ggml_tensor_overhead() * 2, nullptr, /*no_alloc*/ true };
+    ggml_context * ctx = ggml_init(params);
+    if (ctx == nullptr) {
+        return false;
+    }
+    ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_F16, (int64_t) ((nbytes + 1) / 2));
+    const bool ok = ggml_backend_dev_supports_op(ggml_backend_dev_get(dev_index), t);
+    ggml_free(ctx);
+    return ok;
+}
+
 struct threadpools {
     common_threadpools pools;
 };

@@ -39,6 +39,14 @@ threadpools * threadpools_attach(llama_context * ctx, int n_threads, int n_threa
                                  std::string & err) noexcept;
 void threadpools_free(threadpools * tp) noexcept;
 
+// ---- device limits -------------------------------------------------------------------------
+// Whether device `dev_index` (ggml_backend_dev_get) accepts an F16 tensor of `nbytes` bytes,
+// asked through ggml_backend_dev_supports_op on an unallocated tensor. ggml-vulkan refuses
+// tensors larger than one storage buffer can address; a KV cache layer that large, once
+// allocated there, makes ggml's scheduler abort (GGML_ABORT "pre-allocated tensor ... in a
+// buffer that cannot run the operation"). Checked before a context is made.
+bool device_supports_tensor_bytes(size_t dev_index, uint64_t nbytes) noexcept;
+
 // ---- memory accounting (common/fit.h) -----------------------------------------------------
 struct device_memory {
     std::string device;   // ggml device name; "Host" for the host (CPU-mapped) buffers
