@@ -114,3 +114,19 @@ def test_cli_list_devices():
     assert r.returncode == 0
     for d in devices():   # the subprocess inherits GGML_VK_VISIBLE_DEVICES from conftest
         assert f"[{d.index}] {d.spec:<9} {d.name}" in r.stdout, d
+
+
+def test_rpc_wire_constants_match_the_pinned_ggml_rpc():
+    # polyllama.rpc speaks ggml-rpc's HELLO itself (to refuse a wrong server before ggml
+    # would abort on it); a new llama.cpp pin must not leave its constants behind
+    import re
+    from polyllama import rpc
+    root = Path(__file__).resolve().parent.parent / "thirdparty" / "llama.cpp" / "ggml"
+    header = (root / "include" / "ggml-rpc.h").read_text()
+    major = int(re.search(r"#define RPC_PROTO_MAJOR_VERSION\s+(\d+)", header).group(1))
+    minor = int(re.search(r"#define RPC_PROTO_MINOR_VERSION\s+(\d+)", header).group(1))
+    assert (rpc.PROTO_MAJOR, rpc.PROTO_MINOR) == (major, minor)
+    src = (root / "src" / "ggml-rpc" / "ggml-rpc.cpp").read_text()
+    assert re.search(r"RPC_CMD_HELLO == (\d+)", src).group(1) == str(rpc._CMD_HELLO)
+    transport = (root / "src" / "ggml-rpc" / "transport.h").read_text()
+    assert re.search(r"RPC_CONN_CAPS_SIZE = (\d+)", transport).group(1) == str(rpc._CAPS_SIZE)

@@ -111,6 +111,14 @@ def test_split_over_two_servers_matches_local(model_path, servers):
         assert mem["Host"]["model"] > 0          # the layers left on the local CPU
         assert greedy_tokens(split) == expected
         assert f"({a.endpoint})" in str(p)
+
+    # tensor_split moves weight between the servers: a's share follows its proportion
+    def weights_on_a(ts):
+        with LLM(model_path, rpc_servers=[a.endpoint, b.endpoint], n_gpu_layers=20, tensor_split=ts,
+                 n_threads=THREADS, n_ctx=512) as m:
+            name = next(n for n, e in m.placement.remote.items() if e == a.endpoint)
+            return next(r["model"] for r in m.placement.memory if r["device"] == name)
+    assert weights_on_a([3, 1]) > weights_on_a([1, 1]) > weights_on_a([1, 3])
     rpc_devs = [d for d in devices() if d.backend == "rpc"]
     mine = [d for d in rpc_devs if d.description in (a.endpoint, b.endpoint)]
     assert len(mine) == 2 and all(d.memory_total > 0 for d in mine)

@@ -348,6 +348,12 @@ class LLM:
                              n_threads=threads, n_threads_batch=n_threads_batch or threads,
                              flash_attn=flash_attn, kv_unified=kv_unified)
 
+        if rpc_timeout is not None and (isinstance(rpc_timeout, bool)
+                                        or not isinstance(rpc_timeout, (int, float))):
+            raise TypeError(f"rpc_timeout must be a number of seconds, not {rpc_timeout!r}")
+        if rpc_servers is not None and not isinstance(rpc_servers, str) and (
+                not isinstance(rpc_servers, (list, tuple)) or not all(isinstance(e, str) for e in rpc_servers)):
+            raise TypeError(f"rpc_servers must be a list of 'host:port' strings, not {rpc_servers!r}")
         if rpc_timeout is not None and not rpc_timeout > 0:
             raise ValueError(f"rpc_timeout must be a positive number of seconds, got {rpc_timeout!r}")
         if rpc_servers:
@@ -572,6 +578,9 @@ class LLM:
     # ---- tokens -------------------------------------------------------------------------
     def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of text (str, or bytes taken as UTF-8)."""
+        for name, v in (("add_special", add_special), ("parse_special", parse_special)):
+            if not isinstance(v, bool):
+                raise TypeError(f"{name} must be True or False, not {v!r}")
         with self._lock:   # close() from another thread waits; an open stream on this thread does not block it
             self._require()
             return self._model.tokenize(_utf8(text), add_special, parse_special)

@@ -88,6 +88,8 @@ class SamplingParams:
         num("n_probs", 0, 100, integer=True)
         if self.seed is not None:
             num("seed", 0, 0xFFFFFFFF, integer=True)
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be True or False, not {self.ignore_eos!r}")
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
         if self.stop is None or isinstance(self.stop, (bytes, bytearray, Mapping)) \
