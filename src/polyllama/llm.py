@@ -30,7 +30,7 @@ from .errors import (ConflictingArgumentsError, ContextError, ContextOverflowErr
 from .gguf_check import check_gguf
 from .models import default_model_path
 from .placement import (DEFAULT_MARGIN, Candidate, Placement, check_kv_fits_devices, model_params,
-                        resolve_candidates)
+                        real_device_names, resolve_candidates)
 from .sampling import SamplingParams, build_sampler, is_plain_greedy
 
 log = logging.getLogger("polyllama")
@@ -446,7 +446,8 @@ class LLM:
         n_layers = model.n_layer + 1
         ngl = mp.n_gpu_layers
         ngl = 0 if not cand.devices else (n_layers if ngl < 0 else min(ngl, n_layers))
-        used = [r["device"] for r in mem[:-1] if r["model"] > 0]
+        # split_mode="tensor" reports one "Meta()" device: name the real ones
+        used = real_device_names([r["device"] for r in mem[:-1] if r["model"] > 0], cand.devices)
         self.placement = Placement(backend=cand.backend if ngl > 0 else "cpu",
                                    devices=used if ngl > 0 and used else ["CPU"],
                                    n_gpu_layers=ngl, n_layers=n_layers, memory=mem,
