@@ -48,6 +48,7 @@ CASES = [
     ("progress not callable", new(progress=5), TypeError, r"progress must be callable\(fraction\)"),
     ("fallback a str", new(fallback="no"), TypeError, r"fallback must be True or False, not 'no'"),
     ("kv_unified an int", new(kv_unified=1), TypeError, r"kv_unified must be True or False, not 1"),
+    ("tensor_split a str", new(tensor_split="ab"), TypeError, r"tensor_split must be a list of numbers"),
     ("rpc_servers an int", new(rpc_servers=5), TypeError, r"rpc_servers must be a list of 'host:port' strings, not 5"),
     ("rpc_timeout a str", new(rpc_timeout="x"), TypeError, r"rpc_timeout must be a number of seconds, not 'x'"),
     ("memory_margin negative", new(memory_margin=-1), ValueError, r"memory_margin must be a number of bytes >= 0"),

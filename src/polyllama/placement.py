@@ -152,8 +152,12 @@ def resolve_candidates(backend: str | None = None, device: DeviceSpec | Sequence
     if not (n_gpu_layers == "auto" or (isinstance(n_gpu_layers, int) and not isinstance(n_gpu_layers, bool))):
         raise TypeError(f"n_gpu_layers must be 'auto' or an int, not {n_gpu_layers!r}")
     if tensor_split is not None:
+        if isinstance(tensor_split, (str, bytes)) or not hasattr(tensor_split, "__iter__") or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in tensor_split):
+            raise TypeError(f"tensor_split must be a list of numbers (one proportion per device), "
+                            f"not {tensor_split!r}")
         tensor_split = [float(x) for x in tensor_split]
-        if any(x < 0 for x in tensor_split) or not any(x > 0 for x in tensor_split):
+        if any(not x >= 0 for x in tensor_split) or not any(x > 0 for x in tensor_split):
             raise ValueError("tensor_split must hold non-negative proportions, at least one > 0")
 
     all_devs = devices()
