@@ -154,9 +154,9 @@ def test_threads_share_one_llm_without_corruption(llm):
     results, errors = [], []
 
     def worker(p):
-        try:
-            for _ in range(2):
-                results.append((p, llm.generate(p, max_tokens=12).text))
+        try:   # one generate and one stream each: neither interleaves with another thread's
+            results.append((p, llm.generate(p, max_tokens=12).text))
+            results.append((p, "".join(llm.stream(p, max_tokens=12))))
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 

@@ -137,23 +137,3 @@ def test_four_threads_each_with_its_own_llm(model_path, llm):
             m.close()
     assert not errors and not any(t.is_alive() for t in threads)
     assert [got[i] for i in range(4)] == [[e] * 3 for e in expected]
-
-
-def test_eight_threads_streaming_from_one_llm_never_interleave(llm):
-    import threading
-    prompts = ["The capital of France is", "Once upon a time", "def add(a, b):", "Water boils at"]
-    expected = {p: llm.generate(p, max_tokens=10).text for p in prompts}
-    got, errors = [], []
-
-    def worker(p):
-        try:
-            got.append((p, "".join(llm.stream(p, max_tokens=10))))
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=worker, args=(prompts[i % 4],)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors and len(got) == 8
-    assert all(text == expected[p] for p, text in got)
