@@ -215,6 +215,16 @@ def _allocation_failed(e: Exception) -> bool:
     return "failed to allocate" in text or "unable to allocate" in text or "out of memory" in text
 
 
+def _tool_name(tool) -> str:
+    """The name of an OpenAI-style tool definition ({"function": {"name": ...}} or
+    {"name": ...}); "" for anything else, which libcommon's template may still accept."""
+    if not isinstance(tool, dict):
+        return ""
+    fn = tool.get("function")
+    name = (fn if isinstance(fn, dict) else tool).get("name")
+    return name if isinstance(name, str) else ""
+
+
 def _utf8(text, what: str = "text") -> bytes:
     """UTF-8 bytes of text; ValueError for what cannot be UTF-8 (llama.cpp's tokenizers
     expect valid UTF-8: lone surrogates in a str, invalid sequences in bytes)."""
@@ -963,8 +973,7 @@ class LLM:
         with self._lock:
             chat = self.apply_chat_template(messages, tools=tools, json_schema=schema)
             if tools and not chat["grammar"] and not any(
-                    str((t.get("function") or t).get("name", "")) in chat["prompt"]
-                    for t in tools if isinstance(t, dict)):
+                    _tool_name(t) and _tool_name(t) in chat["prompt"] for t in tools):
                 log.warning("polyllama: this model's chat template does not use tools: they were "
                             "left out of the prompt (pass chat_template= with a template that has them)")
             grammar = chat["grammar"] or (core.json_schema_to_grammar(schema) if schema else None)
