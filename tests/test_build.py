@@ -74,6 +74,56 @@ def test_build_info_json_shipped_with_extension():
         assert (data["flags"][flag] == "ON") == (flag[5:].lower() in data["backends"])
 
 
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+AMX_STATES = ("as -march=native finds it", "off (", "kept, not probed", "as ggml's GGML_AMX_*",
+              "not applicable")
+
+
+def test_cpu_amx_decision_matches_what_ggml_cpu_offers():
+    """build_info()["cpu_amx"] records what CMakeLists.txt decided (ARCHITECTURE.md §5);
+    the weight buffers ggml-cpu offers at run time agree with it."""
+    import polyllama
+    info = polyllama.build_info()
+    state, bufs = info["cpu_amx"], info["cpu_weight_buffers"]
+    assert state.startswith(AMX_STATES), state
+    if state.startswith("off ("):
+        assert "AMX" not in bufs, bufs
+    if (state.startswith("as -march=native") and info["flags"].get("GGML_NATIVE") == "ON"
+            and {"amx_tile", "amx_int8"} <= _cpu_flags()):
+        # a native build on an AMX CPU whose tile probe passed keeps ggml's AMX buffer
+        assert "AMX" in bufs, bufs
+
+
+def test_prompt_through_the_amx_tile_kernels(model_path):
+    """Prompts reach ggml's AMX tile kernels (single tokens take its VNNI ones). Built by
+    GCC 12 at -O3 they died with SIGSEGV at their first ldtilecfg; CMakeLists.txt compiles
+    them at -O2. In a child process, so that a crash fails this test, not the whole run."""
+    import polyllama
+    if "AMX" not in polyllama.build_info()["cpu_weight_buffers"]:
+        pytest.skip("ggml-cpu offers no AMX buffer in this build or on this CPU")
+    code = ("import sys\n"
+            "from polyllama import LLM\n"
+            "llm = LLM(sys.argv[1], backend='cpu', n_threads=2, n_ctx=1024)\n"
+            "r = llm.generate(' '.join(f'word{i}' for i in range(100)), max_tokens=4, ignore_eos=True)\n"
+            "print(r.prompt_tokens, r.generated_tokens)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    r = subprocess.run([sys.executable, "-c", code, model_path], capture_output=True, text=True,
+                       env=env, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    n_prompt, n_gen = map(int, r.stdout.split())
+    assert n_prompt > 200 and n_gen == 4   # one micro-batch of 290 rows
+
+
 def run_cli(*args, timeout=300):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     return subprocess.run([sys.executable, "-m", "polyllama", *args], capture_output=True, text=True,

@@ -1,5 +1,6 @@
 """Device discovery and selection on the build at hand (CPU, and Vulkan where present)."""
 import logging
+import os
 import sys
 
 import pytest
@@ -7,7 +8,7 @@ import pytest
 import polyllama
 from polyllama import (LLM, BackendNotCompiledError, ConflictingArgumentsError, DeviceNotFoundError,
                        PolyllamaError, UnknownBackendError)
-from polyllama import backends, devices
+from polyllama import backends, build_info, devices
 from polyllama.discovery import AUTO_ORDER
 
 
@@ -160,6 +161,14 @@ def test_estimate_memory_within_10_percent_of_actual(model_path, n_ctx):
     for key in ("model", "context", "compute"):
         a, e = total(actual, key), total(est["devices"], key)
         assert a > 0, key
+        if key == "model" and "AMX" in build_info()["cpu_weight_buffers"]:
+            # AMX keeps a repacked copy of most weights (counted by both), while llama.cpp
+            # still maps the file span of the CPU tensors, which covers the originals of
+            # the repacked ones too: the live figure counts that span, the estimate only
+            # the tensors. So the estimate is at most one file below the live figure; the
+            # 95 MiB AMX copy it once left out (libcommon dropped it) would break this.
+            assert e <= a <= e + os.path.getsize(model_path), (key, e, a)
+            continue
         assert abs(e - a) <= 0.10 * a, (key, e, a)
     assert est["n_layer"] == 30 and est["n_ctx_train"] == 8192
     # the KV cache grows with the context

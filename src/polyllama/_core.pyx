@@ -96,6 +96,27 @@ def device_supports_tensor_bytes(size_t index, uint64_t nbytes):
     return _native.device_supports_tensor_bytes(index, nbytes)
 
 
+def cpu_extra_buffer_types():
+    """Names of the CPU device's extra weight buffer types in this build and on this CPU
+    (e.g. "AMX", "CPU_REPACK"): the layouts ggml-cpu repacks weights into at load time.
+    AMX appears only where it was compiled in and the kernel granted its tile state."""
+    cdef ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
+    cdef ggml_backend_dev_get_extra_bufts_t fn
+    cdef ggml_backend_buffer_type_t * bufts
+    if cpu == NULL:
+        return []
+    fn = <ggml_backend_dev_get_extra_bufts_t> ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(cpu), b"ggml_backend_dev_get_extra_bufts")
+    if fn == NULL:
+        return []
+    bufts = fn(cpu)
+    names = []
+    while bufts != NULL and bufts[0] != NULL:
+        names.append(_s(ggml_backend_buft_name(bufts[0])))
+        bufts += 1
+    return names
+
+
 def max_devices():
     return llama_max_devices()
 

@@ -201,6 +201,8 @@ def cmd_info(args) -> int:
           f"{info['pin_sdist_version']}), ggml {info['ggml_version_runtime']}, "
           f"{info['compiler']}, {info['build_type']}")
     print(f"compiled backends: {', '.join(info['backends'])}")
+    print(f"CPU weight layouts: {', '.join(info['cpu_weight_buffers']) or 'plain only'}; "
+          f"AMX: {info.get('cpu_amx', 'not recorded')}")
     print()
     print(backend_summary())
     return 0

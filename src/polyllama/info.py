@@ -18,6 +18,9 @@ def build_info() -> dict:
     info["ggml_commit_runtime"] = core.get_ggml_commit()
     info["registries"] = core.registries()
     info["system_info"] = core.system_info()
+    # what ggml-cpu repacks weights into here ("AMX" only where the build kept it, see
+    # info["cpu_amx"], and the kernel grants the tile state)
+    info["cpu_weight_buffers"] = core.cpu_extra_buffer_types()
     return info
 
 

@@ -114,32 +114,64 @@ void log_clear() {
 
 // ---- memory accounting ------------------------------------------------------------------
 
+// libcommon's common_get_device_memory_data, but for one thing: its breakdown keeps a
+// non-host buffer type only when its device is one the model lists, so the CPU's own
+// extra buffers (ggml-cpu's AMX buffer: device CPU, not a host buffer) were dropped, and
+// the estimate left out the AMX-repacked weights (95 of SmolLM2's 187 MiB). Here the same
+// no-alloc load goes through context_device_memory, which counts the live context too:
+// such buffers land on the host, so estimate and actual are counted alike.
 bool estimate_device_memory(const char * path, const llama_model_params * mparams,
                             const llama_context_params * cparams,
                             std::vector<device_memory> & out, uint32_t & n_layer,
                             uint32_t & n_ctx_train, std::string & err) {
+    llama_model * model = nullptr;
+    llama_context * ctx = nullptr;
     try {
-        std::vector<ggml_backend_dev_t> devs;
-        uint32_t n_expert = 0;
-        // GGML_LOG_LEVEL_ERROR: fit's own report lines go to the debug level (hidden).
-        auto data = common_get_device_memory_data(path, mparams, cparams, devs, n_layer,
-                                                  n_ctx_train, n_expert, GGML_LOG_LEVEL_ERROR);
-        out.clear();
-        for (size_t i = 0; i < data.size(); i++) {
-            device_memory m;
-            m.device  = i < devs.size() ? ggml_backend_dev_name(devs[i]) : "Host";
-            m.total   = data[i].total;
-            m.free    = data[i].free;
-            m.model   = data[i].model;
-            m.context = data[i].context;
-            m.compute = data[i].compute;
-            out.push_back(std::move(m));
+        llama_model_params mp = *mparams;
+        mp.no_alloc  = true;                   // sizes only: nothing is allocated or read
+        mp.load_mode = LLAMA_LOAD_MODE_NONE;
+        model = llama_model_load_from_file(path, mp);
+        if (model == nullptr) {
+            throw std::runtime_error("failed to load model");
         }
+        ctx = llama_init_from_model(model, *cparams);
+        if (ctx == nullptr) {
+            throw std::runtime_error("failed to create llama_context from model");
+        }
+        out = context_device_memory(ctx);
+        size_t free = 0, total = 0;
+        ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+        if (cpu != nullptr) {
+            ggml_backend_dev_memory(cpu, &free, &total);
+        }
+        device_memory & host = out.back();
+        host.free  = (int64_t) free;
+        host.total = (int64_t) total;
+        for (size_t i = 0; i + 1 < out.size(); i++) {
+            // as libcommon: a device that is no GPU and reports no memory (BLAS) uses the host's
+            ggml_backend_dev_t dev = llama_model_get_device(model, (int) i);
+            const auto type = ggml_backend_dev_type(dev);
+            if (out[i].free == 0 && out[i].total == 0 && type != GGML_BACKEND_DEVICE_TYPE_GPU &&
+                type != GGML_BACKEND_DEVICE_TYPE_IGPU) {
+                out[i].free  = host.free;
+                out[i].total = host.total;
+            }
+        }
+        n_layer     = llama_model_n_layer(model) + (mparams->load_mtp ? llama_model_n_layer_nextn(model) : 0);
+        n_ctx_train = llama_model_n_ctx_train(model);
+        llama_free(ctx);
+        llama_model_free(model);
         return true;
     } catch (const std::exception & e) {
         err = e.what();
     } catch (...) {
         err = "unknown C++ exception";
+    }
+    if (ctx != nullptr) {
+        llama_free(ctx);
+    }
+    if (model != nullptr) {
+        llama_model_free(model);
     }
     return false;
 }
