@@ -81,7 +81,7 @@ test: build model
 	$(PYRUN) -m pytest tests $(PYTEST_ARGS)
 
 bench: build model
-	$(PYRUN) benchmarks/bench_cpu.py
+	$(PYRUN) benchmarks/bench_cpu.py --rounds 3
 
 wheel: setup
 	$(PYTHON) -m pip wheel --no-deps -w dist .

@@ -34,6 +34,7 @@ def main() -> int:
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-r", "--reps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1, help="measure every runner this many times, in turn")
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--ngl", default="auto", help="layers to offload (llama-bench gets 99 for 'auto')")
     ap.add_argument("--device", default=None, help="llama-bench -dev value, e.g. CUDA0")
@@ -45,7 +46,7 @@ def main() -> int:
     model = args.model or str(default_model_path())
     figures, report = compare(model, backend=args.backend, threads=args.threads, n_prompt=args.n_prompt,
                               n_gen=args.n_gen, reps=args.reps, ngl=args.ngl, device=args.device,
-                              bin_dir=args.bin)
+                              bin_dir=args.bin, rounds=args.rounds)
     print(report)
     if args.json:
         Path(args.json).write_text(json.dumps({**figures, "args": vars(args)}, indent=2))

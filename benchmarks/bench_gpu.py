@@ -16,6 +16,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,9 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--backends", default="cuda", help="comma-separated, e.g. cuda,vulkan")
     ap.add_argument("-r", "--reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="llama-bench and polyllama measured in turn this many times per model; "
+                         "the table gives medians, and each ratio's median with its range")
     ap.add_argument("--shapes", default="1b,8b")
     ap.add_argument("--types", default="Q4_0,Q8_0,f16")
     ap.add_argument("--no-batched", action="store_true")
@@ -63,9 +67,20 @@ def main() -> int:
                 if not model.is_file():
                     print(f"skip {model.name}: missing", flush=True)
                     continue
-                ref = llama_bench(BIN / "llama-bench", str(model), THREADS, 512, 128, args.reps, 99, dev,
-                                  flash_attn="on")
-                ours = polyllama_bench(str(model), THREADS, 512, 128, args.reps, backend, -1, flash_attn="on")
+                # in turn, so that a drift of the GPU's clocks touches both sides of a ratio
+                refs, ourss = [], []
+                for _ in range(args.rounds):
+                    refs.append(llama_bench(BIN / "llama-bench", str(model), THREADS, 512, 128, args.reps, 99,
+                                            dev, flash_attn="on"))
+                    ourss.append(polyllama_bench(str(model), THREADS, 512, 128, args.reps, backend, -1,
+                                                 flash_attn="on"))
+                ref = {k: statistics.median(r[k] for r in refs) for k in ("pp", "tg")}
+                ours = {k: statistics.median(o[k] for o in ourss) for k in ("pp", "tg", "tg_stream")}
+                ours["overhead_us_per_token"] = statistics.median(o["overhead_us_per_token"] or 0 for o in ourss)
+                ours["placement"] = ourss[0]["placement"]
+                ratios = {name: [o[mine] / r[theirs] for o, r in zip(ourss, refs)]
+                          for name, mine, theirs in (("pp", "pp", "pp"), ("tg", "tg", "tg"),
+                                                     ("stream", "tg_stream", "tg"))}
                 lcp = None
                 if backend == "cuda" and not args.no_llama_cpp_python:
                     try:
@@ -77,7 +92,8 @@ def main() -> int:
                        "bench_pp": ref["pp"], "bench_tg": ref["tg"],
                        "poly_pp": ours["pp"], "poly_tg": ours["tg"], "poly_tg_stream": ours["tg_stream"],
                        "overhead_us": ours["overhead_us_per_token"], "placement": ours["placement"],
-                       "lcp_tg_stream": lcp["tg_stream"] if lcp else None}
+                       "lcp_tg_stream": lcp["tg_stream"] if lcp else None,
+                       "ratios": ratios, "rounds": {"llama_bench": refs, "polyllama": ourss}}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
 
@@ -101,16 +117,22 @@ def main() -> int:
                          text=True).stdout.strip()
     lines = [f"## {', '.join(backends)} on {gpu} — {datetime.date.today()}, polyllama {commit}", "",
              f"command: `{' '.join(sys.argv)}` (flash attention on, all layers offloaded, "
-             f"{args.reps} reps, {THREADS} threads)", "",
+             f"{args.rounds} rounds of {args.reps} reps, {THREADS} threads)", "",
+             "Figures are medians over the rounds; a ratio is the median of the per-round ratios "
+             "(llama-bench and polyllama measured in turn), with its range.", "",
              "| backend | model | llama-bench pp512 | polyllama pp512 | ratio | llama-bench tg128 "
-             "| polyllama tg128 | ratio | stream tg128 | llama-cpp-python stream tg128 | overhead µs/token |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| polyllama tg128 | ratio | stream tg128 | ratio | llama-cpp-python stream tg128 | overhead µs/token |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def pct(values) -> str:
+        m = 100 * statistics.median(values)
+        return f"{m:.1f}%" if len(values) == 1 else f"{m:.1f}% ({100 * min(values):.1f}–{100 * max(values):.1f})"
     for r in rows:
         lcp = f"{r['lcp_tg_stream']:.1f}" if r["lcp_tg_stream"] else "—"
-        lines.append(f"| {r['backend']} | {r['model']} | {r['bench_pp']:.0f} | {r['poly_pp']:.0f} "
-                     f"| {100 * r['poly_pp'] / r['bench_pp']:.1f}% "
-                     f"| {r['bench_tg']:.1f} | {r['poly_tg']:.1f} | {100 * r['poly_tg'] / r['bench_tg']:.1f}% "
-                     f"| {r['poly_tg_stream']:.1f} | {lcp} | {r['overhead_us'] or 0:.1f} |")
+        q = r["ratios"]
+        lines.append(f"| {r['backend']} | {r['model']} | {r['bench_pp']:.0f} | {r['poly_pp']:.0f} | {pct(q['pp'])} "
+                     f"| {r['bench_tg']:.1f} | {r['poly_tg']:.1f} | {pct(q['tg'])} "
+                     f"| {r['poly_tg_stream']:.1f} | {pct(q['stream'])} | {lcp} | {r['overhead_us'] or 0:.1f} |")
     lines += ["", "polyllama's tg128 includes sampling (greedy arg-max) and detokenizing each token; "
               "llama-bench's only decodes. The overhead column is polyllama's wall time per token "
               "minus llama.cpp's own decode time."]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -164,3 +166,32 @@ def test_console_script_is_declared_and_callable():
     assert callable(fn)
     inspect.signature(fn).bind()   # the generated script calls it with no arguments
     assert fn is cli.main
+
+
+def test_bench_rounds_report_medians_and_ratios(model_path, tmp_path, capsys):
+    """`bench --rounds 2`: llama-bench and polyllama measured in each round, the report
+    gives per-round ratios as a median with a range, the JSON keeps every round."""
+    out_json = tmp_path / "bench.json"
+    rc = cli.main(["bench", "-m", model_path, "-t", str(THREADS), "-p", "16", "-n", "8", "-r", "1",
+                   "--rounds", "2", "--no-others", "--json", str(out_json)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in out.out.splitlines() if line.startswith("| ") and not line.startswith("| runner")}
+    assert set(rows) == {"llama-bench", "polyllama generate", "polyllama stream"}
+    assert rows["llama-bench"][:1] == [str(THREADS)]
+    # pp16 and tg8 of generate against llama-bench: "median% (min–max)" over the two rounds
+    for cell in rows["polyllama generate"][3:5]:
+        assert re.fullmatch(r"\d+\.\d% \(\d+\.\d–\d+\.\d\)", cell), cell
+    figures = json.loads(out_json.read_text())
+    assert len(figures["rounds"]) == 2
+    for r in figures["rounds"]:
+        assert r["llama_bench"]["tg"] > 0 and r["polyllama"]["tg"] > 0 and r["polyllama"]["pp"] > 0
+
+
+@pytest.mark.parametrize("flag,value", [("--rounds", "0"), ("-r", "0"), ("--rounds", "two")])
+def test_bench_counts_must_be_positive(flag, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(["bench", flag, value])
+    assert e.value.code == 2
+    assert f"argument {flag}" in capsys.readouterr().err

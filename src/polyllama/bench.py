@@ -39,8 +39,12 @@ def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: i
     """
     from .llm import LLM
     from .sampling import SamplingParams
+    # the context llama-bench gives its tests, n_prompt + n_gen: llama.cpp also caps n_batch
+    # and n_ubatch at it, and a micro-batch size off a multiple of 16 cost ggml's AMX kernels
+    # a fifth of their prompt speed here (n_ctx 88: 1284 t/s for 64 tokens, 80 or 96: 1514
+    # and 1545)
     llm = LLM(model, backend=backend, n_threads=threads, n_gpu_layers=ngl, flash_attn=flash_attn,
-              n_ctx=max(4096, n_prompt + n_gen + 8), n_seq_max=1)
+              n_ctx=n_prompt + n_gen, n_seq_max=1)
     core = llm._ctx
     vocab = llm.metadata["n_vocab"]
     # a prompt of exactly n_prompt tokens, like llama-bench's (which uses random tokens)
@@ -90,6 +94,7 @@ import json, statistics, sys, time
 from llama_cpp import Llama
 import llama_cpp
 a = json.loads(sys.argv[1])
+# threads None: llama-cpp-python's own default (half the CPU count)
 llm = Llama(a["model"], n_threads=a["threads"], n_ctx=4096, n_gpu_layers=a["ngl"],
             flash_attn=a["fa"], verbose=False)
 for _ in llm.create_completion("The", max_tokens=4, stream=True, temperature=0):
@@ -104,13 +109,17 @@ for _ in range(a["reps"]):
             t_first = time.perf_counter()
     rates.append((n - 1) / (time.perf_counter() - t_first))
 print(json.dumps({"tg_stream": statistics.mean(rates), "tg_stream_sd": statistics.pstdev(rates),
+                  "threads": llm.context_params.n_threads,
                   "version": getattr(llama_cpp, "__version__", "?")}))
 """
 
 
-def llama_cpp_python_bench(model: str, threads: int, n_gen: int, reps: int, n_gpu_layers: int = 0,
+def llama_cpp_python_bench(model: str, threads: int | None, n_gen: int, reps: int, n_gpu_layers: int = 0,
                            flash_attn: bool = False) -> dict | None:
     """llama-cpp-python's streamed generation tokens/s (None when it is not installed).
+
+    threads=None leaves llama-cpp-python its own default thread count; the result says
+    how many it used.
 
     Runs in a child interpreter: llama-cpp-python brings its own shared ggml, and two ggml
     copies (and two CUDA backends) in one process are not something either project supports.
@@ -141,10 +150,13 @@ warm = GenerationConfig(temperature=0.0, n_ctx=4096, n_gpu_layers=a["ngl"], max_
 for _ in llm("The", config=warm, stream=True):
     pass   # warm-up; also creates the context, which later calls reuse (same n_ctx)
 # cyllama's LLM has no thread option: its context gets llama.cpp's default (4 threads),
-# so the count is set on that context, and checked on every repetition
-llm._ctx.set_n_threads(a["threads"], a["threads"])
-for _ in llm("The", config=warm, stream=True):
-    pass   # warm-up with the thread count that is measured
+# so the count is set on that context (threads None: left as cyllama sets it), and
+# checked on every repetition
+if a["threads"] is not None:
+    llm._ctx.set_n_threads(a["threads"], a["threads"])
+    for _ in llm("The", config=warm, stream=True):
+        pass   # warm-up with the thread count that is measured
+threads = llm._ctx.n_threads()
 run = GenerationConfig(temperature=0.0, n_ctx=4096, n_gpu_layers=a["ngl"], max_tokens=a["n_gen"])
 rates = []
 for _ in range(a["reps"]):
@@ -154,15 +166,19 @@ for _ in range(a["reps"]):
         if t_first is None:
             t_first = time.perf_counter()
     rates.append((n - 1) / (time.perf_counter() - t_first))
-    if llm._ctx.n_threads() != a["threads"]:
-        sys.exit(f"cyllama context runs {llm._ctx.n_threads()} threads, not {a['threads']}")
+    if llm._ctx.n_threads() != threads:
+        sys.exit(f"cyllama context runs {llm._ctx.n_threads()} threads, not {threads}")
 print(json.dumps({"tg_stream": statistics.mean(rates), "tg_stream_sd": statistics.pstdev(rates),
-                  "version": getattr(cyllama, "__version__", "?")}))
+                  "threads": threads, "version": getattr(cyllama, "__version__", "?")}))
 """
 
 
-def cyllama_bench(model: str, threads: int, n_gen: int, reps: int, n_gpu_layers: int = 0) -> dict | None:
+def cyllama_bench(model: str, threads: int | None, n_gen: int, reps: int, n_gpu_layers: int = 0) -> dict | None:
     """cyllama's streamed generation tokens/s (None when it is not installed).
+
+    threads=None measures cyllama as its LLM class runs without being told (its context
+    keeps llama.cpp's default of 4 threads, whatever the machine has); the result says
+    how many it used.
 
     Runs in a child interpreter, like llama_cpp_python_bench: cyllama links its own ggml,
     and two ggml copies in one process are not something either project supports.
@@ -234,12 +250,20 @@ def find_llama_bench(bin_dir: str | None = None) -> Path | None:
 
 def compare(model: str, *, backend: str = "cpu", threads: int = 2, n_prompt: int = 512,
             n_gen: int = 128, reps: int = 5, ngl="auto", device: str | None = None,
-            bin_dir: str | None = None, others: bool = True) -> tuple[dict, str]:
+            bin_dir: str | None = None, others: bool = True, rounds: int = 1) -> tuple[dict, str]:
     """polyllama beside llama-bench (and llama-cpp-python / cyllama when importable, on
-    the CPU), in one run. Returns the raw figures and a markdown report with ratios."""
+    the CPU), in one run. Returns the raw figures and a markdown report with ratios.
+
+    The other bindings run twice on the CPU: with `threads` like everyone else, and as
+    they come (their own default thread count). `rounds` > 1 measures every runner once
+    per round, in turn, so that a drift of the machine's speed touches them all; the
+    report gives the median of each figure and of each per-round ratio, with the range.
+    """
     import datetime
     import platform
     import sys
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     binary = find_llama_bench(bin_dir)
     ngl = ngl if ngl == "auto" else int(ngl)
     # llama-bench offloads every layer with 99 (polyllama: "auto" fitting or -1, all of them)
@@ -247,41 +271,93 @@ def compare(model: str, *, backend: str = "cpu", threads: int = 2, n_prompt: int
     # backend="cpu" uses no device at all; llama-bench with -ngl 0 would still hand large
     # matrix products to a visible GPU (op offload), so it gets -dev none to match
     bench_dev = "none" if backend == "cpu" and not device else device
-    ref = llama_bench(binary, model, threads, n_prompt, n_gen, reps, bench_ngl, bench_dev) if binary else None
-    ours = polyllama_bench(model, threads, n_prompt, n_gen, reps, backend, ngl)
     on_cpu = backend == "cpu" and others
-    lcp = llama_cpp_python_bench(model, threads, n_gen, reps) if on_cpu else None
-    cyl = cyllama_bench(model, threads, n_gen, reps) if on_cpu else None
-    # polyllama stream / each other binding's stream (same prompt "The", greedy, n_gen tokens)
-    ratios = {name: ours["tg_stream"] / other["tg_stream"]
-              for name, other in (("llama_cpp_python", lcp), ("cyllama", cyl)) if other}
+    # (key, label, function, threads): the other bindings with our thread count, and as shipped
+    other_runs = [(f"{name}_{how}", label, fn, t)
+                  for name, label, fn in (("llama_cpp_python", "llama-cpp-python", llama_cpp_python_bench),
+                                          ("cyllama", "cyllama", cyllama_bench))
+                  for how, t in (("same_threads", threads), ("defaults", None))] if on_cpu else []
+    per_round = []
+    for _ in range(rounds):
+        fig = {"llama_bench": llama_bench(binary, model, threads, n_prompt, n_gen, reps, bench_ngl, bench_dev)
+               if binary else None,
+               "polyllama": polyllama_bench(model, threads, n_prompt, n_gen, reps, backend, ngl)}
+        for key, _, fn, t in other_runs:
+            fig[key] = fn(model, t, n_gen, reps)
+        per_round.append(fig)
 
-    def vs(x, key):
-        return f"{100 * x / ref[key]:.1f}%" if ref else "—"
+    def med(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    def span(values) -> str:
+        """median, and the range when there were several rounds"""
+        m = med(values)
+        if m is None:
+            return "—"
+        return f"{m:.2f}" if len(values) == 1 else f"{m:.2f} ({min(values):.2f}–{max(values):.2f})"
+
+    def rate(key, field):
+        return med([f[key][field] for f in per_round if f.get(key)])
+
+    def stream_ratios(key):
+        """polyllama's stream tg over runner `key`'s, per round"""
+        return [f["polyllama"]["tg_stream"] / f[key]["tg_stream"] for f in per_round if f.get(key)]
+
     pp, tg = f"pp{n_prompt}", f"tg{n_gen}"
+    first = per_round[0]
     lines = [f"# polyllama benchmark — {datetime.date.today()}, {platform.node()}, "
-             f"{Path(model).name}, {threads} threads, {ours['placement']}",
-             f"command: {' '.join(sys.argv)}", "",
-             f"| runner | {pp} t/s | {tg} t/s | {pp} vs llama-bench | {tg} vs llama-bench | polyllama stream / runner |",
-             "|---|---|---|---|---|---|"]
-    if ref:
-        lines.append(f"| llama-bench | {ref['pp']:.1f} ± {ref['pp_sd']:.1f} | {ref['tg']:.1f} ± {ref['tg_sd']:.1f} "
-                     "| 100% | 100% | — |")
-    lines += [f"| polyllama generate | {ours['pp']:.1f} ± {ours['pp_sd']:.1f} | {ours['tg']:.1f} ± {ours['tg_sd']:.1f} "
-              f"| {vs(ours['pp'], 'pp')} | {vs(ours['tg'], 'tg')} | — |",
-              f"| polyllama stream | — | {ours['tg_stream']:.1f} ± {ours['tg_stream_sd']:.1f} | — "
-              f"| {vs(ours['tg_stream'], 'tg')} | 1.00× |"]
-    for label, key, other in (("llama-cpp-python", "llama_cpp_python", lcp), ("cyllama", "cyllama", cyl)):
-        if other:
-            lines.append(f"| {label} {other['version']} stream | — | {other['tg_stream']:.1f} ± "
-                         f"{other['tg_stream_sd']:.1f} | — | {vs(other['tg_stream'], 'tg')} | {ratios[key]:.2f}× |")
+             f"{Path(model).name}, {threads} threads, {first['polyllama']['placement']}",
+             f"command: {' '.join(sys.argv)}",
+             f"{rounds} round(s) of {reps} repetitions; figures are medians over rounds"
+             + (", ratios the median (and range) of the per-round ratios" if rounds > 1 else ""), "",
+             f"| runner | threads | {pp} t/s | {tg} t/s | {pp} vs llama-bench | {tg} vs llama-bench "
+             "| polyllama stream / runner |",
+             "|---|---|---|---|---|---|---|"]
+
+    def vs_bench(key, field, ref_field):
+        return [f[key][field] / f["llama_bench"][ref_field] for f in per_round
+                if f.get(key) and f.get("llama_bench")]
+
+    def pct(fractions) -> str:
+        if not fractions:
+            return "—"
+        m = 100 * med(fractions)
+        if len(fractions) == 1:
+            return f"{m:.1f}%"
+        return f"{m:.1f}% ({100 * min(fractions):.1f}–{100 * max(fractions):.1f})"
+
+    def row(label, n_threads, key, pp_field, tg_field, with_ratio):
+        pp_v = rate(key, pp_field) if pp_field else None
+        pp_cell = f"{pp_v:.1f}" if pp_v is not None else "—"
+        pp_ratio = pct(vs_bench(key, pp_field, "pp")) if pp_field else "—"
+        tg_ratio = pct(vs_bench(key, tg_field, "tg"))
+        return (f"| {label} | {n_threads} | {pp_cell} | {rate(key, tg_field):.1f} | {pp_ratio} | {tg_ratio} "
+                f"| {span(stream_ratios(key)) + '×' if with_ratio else '—'} |")
+
+    if binary:
+        lines.append(f"| llama-bench | {threads} | {rate('llama_bench', 'pp'):.1f} "
+                     f"| {rate('llama_bench', 'tg'):.1f} | 100% | 100% | — |")
+    lines.append(row("polyllama generate", threads, "polyllama", "pp", "tg", False))
+    lines.append(row("polyllama stream", threads, "polyllama", None, "tg_stream", False))
+    ratios = {}
+    for key, label, _, t in other_runs:
+        got = [f[key] for f in per_round if f.get(key)]
+        if not got:
+            continue
+        n_threads = got[0]["threads"]
+        how = "" if t is not None else ", as shipped"
+        lines.append(row(f"{label} {got[0]['version']} stream{how}", n_threads, key, None, "tg_stream", True))
+        ratios[key] = med(stream_ratios(key))
     lines += ["", f"polyllama's {tg} includes sampling each token (greedy arg-max here) and detokenizing "
-              "it; llama-bench's decodes only."]
-    if not ref:
+              "it; llama-bench's decodes only. The other bindings stream the same number of tokens "
+              "after the prompt \"The\", greedily, in a child process; \"as shipped\" leaves them "
+              "their own default thread count."]
+    if not binary:
         lines += ["", "llama-bench not found (build it with `make build`, or pass its folder): "
                   "no reference figures, no ratios."]
-    if ours["overhead_us_per_token"] is not None:
-        lines += ["", f"polyllama per-token overhead outside llama_decode: {ours['overhead_us_per_token']:.1f} µs"]
-    figures = {"llama_bench": ref, "polyllama": ours, "llama_cpp_python": lcp, "cyllama": cyl,
-               "polyllama_stream_ratio": ratios}
-    return figures, "\n".join(lines)
+    overhead = med([f["polyllama"]["overhead_us_per_token"] for f in per_round])
+    if overhead is not None:
+        lines += ["", f"polyllama per-token overhead outside llama_decode: {overhead:.1f} µs"]
+    # per round: "llama_bench", "polyllama", and "<binding>_same_threads" / "<binding>_defaults"
+    return {"rounds": per_round, "polyllama_stream_ratio": ratios}, "\n".join(lines)

@@ -53,6 +53,16 @@ def _ngl_type(text: str):
     return -1 if n < -1 else n
 
 
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
 def _tensor_split_type(text: str) -> list[float]:
     """-ts as llama.cpp splits it: proportions separated by ',' or '/'."""
     parts = [x.strip() for x in re.split(r"[,/]+", text.strip()) if x.strip()]
@@ -368,7 +378,7 @@ def cmd_bench(args) -> int:
     model = args.model or str(default_model_path())
     figures, report = compare(model, backend=args.backend, threads=args.threads, n_prompt=args.n_prompt,
                               n_gen=args.n_gen, reps=args.reps, ngl=args.n_gpu_layers, device=args.device,
-                              bin_dir=args.llama_bench_dir, others=not args.no_others)
+                              bin_dir=args.llama_bench_dir, others=not args.no_others, rounds=args.rounds)
     print(report)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
@@ -400,7 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("-p", "--n-prompt", type=int, default=512)
     p.add_argument("-n", "--n-gen", type=int, default=128)
-    p.add_argument("-r", "--reps", type=int, default=5)
+    p.add_argument("-r", "--reps", type=_positive_int, default=5)
+    p.add_argument("--rounds", type=_positive_int, default=1,
+                   help="measure every runner this many times, in turn; report medians and ranges")
     p.add_argument("-ngl", "--n-gpu-layers", type=_ngl_type, default="auto", metavar="auto|all|N",
                    help=NGL_HELP + "; llama-bench gets 99 for 'auto'")
     p.add_argument("-dev", "--device", default=None, help="llama-bench's -dev value, e.g. CUDA0")
