@@ -290,12 +290,12 @@ def compare(model: str, *, backend: str = "cpu", threads: int = 2, n_prompt: int
         values = [v for v in values if v is not None]
         return statistics.median(values) if values else None
 
-    def span(values) -> str:
-        """median, and the range when there were several rounds"""
-        m = med(values)
-        if m is None:
+    def spread(values, scale=1.0, digits=2, unit="") -> str:
+        """the median, and the range when there were several rounds: "99.1% (96.0–101.2)" """
+        if not values:
             return "—"
-        return f"{m:.2f}" if len(values) == 1 else f"{m:.2f} ({min(values):.2f}–{max(values):.2f})"
+        m = f"{scale * med(values):.{digits}f}{unit}"
+        return m if len(values) == 1 else f"{m} ({scale * min(values):.{digits}f}–{scale * max(values):.{digits}f})"
 
     def rate(key, field):
         return med([f[key][field] for f in per_round if f.get(key)])
@@ -319,21 +319,14 @@ def compare(model: str, *, backend: str = "cpu", threads: int = 2, n_prompt: int
         return [f[key][field] / f["llama_bench"][ref_field] for f in per_round
                 if f.get(key) and f.get("llama_bench")]
 
-    def pct(fractions) -> str:
-        if not fractions:
-            return "—"
-        m = 100 * med(fractions)
-        if len(fractions) == 1:
-            return f"{m:.1f}%"
-        return f"{m:.1f}% ({100 * min(fractions):.1f}–{100 * max(fractions):.1f})"
-
     def row(label, n_threads, key, pp_field, tg_field, with_ratio):
         pp_v = rate(key, pp_field) if pp_field else None
         pp_cell = f"{pp_v:.1f}" if pp_v is not None else "—"
-        pp_ratio = pct(vs_bench(key, pp_field, "pp")) if pp_field else "—"
-        tg_ratio = pct(vs_bench(key, tg_field, "tg"))
+        pp_ratio = spread(vs_bench(key, pp_field, "pp"), 100, 1, "%") if pp_field else "—"
+        tg_ratio = spread(vs_bench(key, tg_field, "tg"), 100, 1, "%")
+        mine = spread(stream_ratios(key), unit="×") if with_ratio else "—"
         return (f"| {label} | {n_threads} | {pp_cell} | {rate(key, tg_field):.1f} | {pp_ratio} | {tg_ratio} "
-                f"| {span(stream_ratios(key)) + '×' if with_ratio else '—'} |")
+                f"| {mine} |")
 
     if binary:
         lines.append(f"| llama-bench | {threads} | {rate('llama_bench', 'pp'):.1f} "
