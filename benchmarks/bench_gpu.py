@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from polyllama.bench import (batched_bench, llama_batched_bench, llama_bench,  # noqa: E402
-                             llama_cpp_python_bench, polyllama_bench)
+                             llama_cpp_python_bench, polyllama_bench, spread)
 
 BIN = ROOT / "build" / "cmake" / "bin"
 THREADS = 16
@@ -123,10 +123,8 @@ def main() -> int:
              "| backend | model | llama-bench pp512 | polyllama pp512 | ratio | llama-bench tg128 "
              "| polyllama tg128 | ratio | stream tg128 | ratio | llama-cpp-python stream tg128 | overhead µs/token |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-
     def pct(values) -> str:
-        m = 100 * statistics.median(values)
-        return f"{m:.1f}%" if len(values) == 1 else f"{m:.1f}% ({100 * min(values):.1f}–{100 * max(values):.1f})"
+        return spread(values, 100, 1, "%")
     for r in rows:
         lcp = f"{r['lcp_tg_stream']:.1f}" if r["lcp_tg_stream"] else "—"
         q = r["ratios"]

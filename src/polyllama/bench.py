@@ -11,6 +11,15 @@ import subprocess
 import time
 from pathlib import Path
 
+def spread(values, scale: float = 1.0, digits: int = 2, unit: str = "") -> str:
+    """The median of per-round figures, with their range when there were several rounds:
+    spread([0.991, 0.96, 1.012], 100, 1, "%") == "99.1% (96.0–101.2)"; "—" for none."""
+    if not values:
+        return "—"
+    m = f"{scale * statistics.median(values):.{digits}f}{unit}"
+    return m if len(values) == 1 else f"{m} ({scale * min(values):.{digits}f}–{scale * max(values):.{digits}f})"
+
+
 def llama_bench(binary: Path, model: str, threads: int, n_prompt: int, n_gen: int, reps: int,
                 ngl: int, device: str | None, flash_attn: str = "auto") -> dict:
     """llama-bench's ppN and tgN tokens/s (mean and stddev over reps)."""
@@ -290,12 +299,6 @@ def compare(model: str, *, backend: str = "cpu", threads: int = 2, n_prompt: int
         values = [v for v in values if v is not None]
         return statistics.median(values) if values else None
 
-    def spread(values, scale=1.0, digits=2, unit="") -> str:
-        """the median, and the range when there were several rounds: "99.1% (96.0–101.2)" """
-        if not values:
-            return "—"
-        m = f"{scale * med(values):.{digits}f}{unit}"
-        return m if len(values) == 1 else f"{m} ({scale * min(values):.{digits}f}–{scale * max(values):.{digits}f})"
 
     def rate(key, field):
         return med([f[key][field] for f in per_round if f.get(key)])
