@@ -2,11 +2,25 @@
 # (GGML_CUDA=1 make build) and are resolved by src/polyllama/buildconfig.py, the same
 # code CMakeLists.txt runs under `pip install .`. `make -n build-cuda` shows the CMake
 # command line with its -DGGML_* flags. See README.md and docs/ARCHITECTURE.md.
+#
+# Every target runs in the project's virtual environment: .venv (or the active one when
+# $VIRTUAL_ENV is set), made and kept in step with pyproject.toml + requirements-dev.lock
+# by buildtools/devenv.py, which first checks for what pip cannot install (compilers,
+# CMake, Python's headers and venv module). BOOTSTRAP_PYTHON only creates it.
 
-PYTHON      ?= python3
+BOOTSTRAP_PYTHON ?= python3
+ifneq ($(strip $(VIRTUAL_ENV)),)
+VENV        ?= $(VIRTUAL_ENV)
+else
+VENV        ?= $(CURDIR)/.venv
+endif
+PYTHON      := $(VENV)/bin/python
+DEVENV      := $(VENV)/.polyllama-devenv
+export PATH := $(VENV)/bin:$(PATH)
 BUILD_DIR   ?= build/cmake
 JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
-BUILDCONFIG := $(PYTHON) src/polyllama/buildconfig.py
+# buildconfig.py uses the standard library only, so `make -n` works before .venv exists
+BUILDCONFIG := $(BOOTSTRAP_PYTHON) src/polyllama/buildconfig.py
 PYRUN       := PYTHONPATH=$(CURDIR)/src $(PYTHON)
 PYTEST_ARGS ?=
 
@@ -19,7 +33,7 @@ CMAKE_FLAGS = $(shell $(BUILDCONFIG) cmake-args)
 
 .PHONY: build build-cpu build-cuda build-hip build-sycl build-metal build-vulkan build-opencl \
         build-rpc build-blas build-all build-auto setup show-backends model run test bench \
-        wheel clean reset help
+        wheel clean reset help venv lock
 
 help:
 	@echo "make run            build (default backends), fetch the model, show devices, generate"
@@ -27,14 +41,24 @@ help:
 	@echo "make build          build with the GGML_* flags in the environment"
 	@echo "make build-<b>      b = cpu cuda hip sycl metal vulkan opencl rpc blas all auto"
 	@echo "make show-backends  flags, SDK detection, and what the built extension contains"
-	@echo "make model | bench | wheel | clean | reset"
+	@echo "make venv           create or update the project's .venv (build tools, test and server extras)"
+	@echo "make model | bench | wheel | lock | clean | reset"
 
-setup:
-	bash scripts/setup.sh
+# the environment: checked and (re)installed only when pyproject.toml or the lock changed
+venv: $(DEVENV)
+$(DEVENV): pyproject.toml requirements-dev.lock buildtools/devenv.py
+	@$(BOOTSTRAP_PYTHON) buildtools/devenv.py "$(VENV)" >/dev/null
+
+lock:
+	$(BOOTSTRAP_PYTHON) buildtools/devenv.py --lock
+
+setup: $(DEVENV)
+	PYTHON=$(PYTHON) bash scripts/setup.sh
 
 build: setup
 	$(BUILDCONFIG) check
 	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DPOLYLLAMA_INPLACE=ON \
+	  -DPython_EXECUTABLE=$(PYTHON) \
 	  -DPOLYLLAMA_BUILD_TOOLS=ON -DPOLYLLAMA_FLAGS_FROM_COMMAND_LINE=ON $(CMAKE_FLAGS)
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target _core llama-completion llama-bench llama-batched-bench
 
@@ -64,13 +88,13 @@ build-all:
 build-auto:
 	GGML_AUTO=1 $(MAKE) build
 
-show-backends:
+show-backends: $(DEVENV)
 	@$(BUILDCONFIG) show
 	@echo
 	@if ls src/polyllama/_core*.so >/dev/null 2>&1; then $(PYRUN) -m polyllama info; \
 	 else echo "the extension is not built yet (make build)"; fi
 
-model:
+model: $(DEVENV)
 	$(PYRUN) -m polyllama.models
 
 run: build model
@@ -90,4 +114,4 @@ clean:
 	rm -rf build dist src/polyllama/_core*.so src/polyllama/build_info.json
 
 reset: clean
-	rm -rf thirdparty/llama.cpp
+	rm -rf thirdparty/llama.cpp .venv
