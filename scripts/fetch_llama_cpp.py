@@ -6,8 +6,12 @@ directory is the llama.cpp tree polyllama builds against. This script downloads 
 sdist with pip, checks its sha256, and unpacks the subtree into thirdparty/llama.cpp.
 The unpacked tree carries a stamp file; a changed pin re-fetches.
 
+The patches in thirdparty/patches/ (a short, documented series; each file says why) are
+applied in name order with GNU patch before the tree is put in place; the stamp records
+them, so a changed or added patch re-unpacks the tree.
+
 With LLAMA_CPP_DIR=/path set (or --llama-cpp-dir), an existing tree is validated and
-used instead; nothing is downloaded.
+used instead; nothing is downloaded and nothing is patched.
 
 Nothing half-done is left behind: the tree is unpacked into a temporary directory next
 to the destination and renamed into place only after every check passed.
@@ -29,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PIN_FILE = ROOT / "thirdparty" / "llama.cpp.pin.json"
+PATCH_DIR = ROOT / "thirdparty" / "patches"
 DEFAULT_DEST = ROOT / "thirdparty" / "llama.cpp"
 STAMP_NAME = ".polyllama-pin.json"
 # Files whose presence makes a directory a llama.cpp tree we can build.
@@ -67,6 +72,31 @@ def validate_tree(path: Path) -> None:
         raise FetchError(f"{path} is not a llama.cpp source tree: missing {', '.join(missing)}")
 
 
+def patch_files(patch_dir: Path = PATCH_DIR) -> list[Path]:
+    return sorted(patch_dir.glob("*.patch")) if patch_dir.is_dir() else []
+
+
+def expected_stamp(pin: dict, patch_dir: Path = PATCH_DIR) -> dict:
+    """What the unpacked tree's stamp says: the pin, and the patches applied to it."""
+    return dict(pin, patches={p.name: sha256_of(p) for p in patch_files(patch_dir)})
+
+
+def apply_patches(tree: Path, patch_dir: Path = PATCH_DIR) -> None:
+    patches = patch_files(patch_dir)
+    if not patches:
+        return
+    tool = shutil.which("patch")
+    if tool is None:
+        raise FetchError("GNU patch is needed to apply thirdparty/patches (apt-get install patch; "
+                         "it comes with build-essential)")
+    for p in patches:
+        proc = subprocess.run([tool, "-p1", "--forward", "--batch", "--no-backup-if-mismatch",
+                               "--reject-file=-", "-d", str(tree), "-i", str(p)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            raise FetchError(f"{p.name} does not apply to the pinned tree:\n{proc.stdout[-2000:]}")
+
+
 def download_sdist(pin: dict, into: Path) -> Path:
     """Download the pinned sdist with pip into `into` (a cache dir) and return its path."""
     name = pin["sdist_package"].replace("-", "_")
@@ -91,7 +121,7 @@ def download_sdist(pin: dict, into: Path) -> Path:
     return existing
 
 
-def unpack(sdist: Path, pin: dict, dest: Path) -> None:
+def unpack(sdist: Path, pin: dict, dest: Path, patch_dir: Path = PATCH_DIR) -> None:
     digest = sha256_of(sdist)
     if digest != pin["sdist_sha256"]:
         raise FetchError(f"sha256 mismatch for {sdist.name}: expected {pin['sdist_sha256']}, "
@@ -119,9 +149,17 @@ def unpack(sdist: Path, pin: dict, dest: Path) -> None:
                         members.append(m)
             if not members:
                 raise FetchError(f"{sdist.name} has no {pin['subdir']} directory")
-            tar.extractall(tmp, members=members, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(tmp, members=members, filter="data")
+            else:
+                # Python < 3.11.4 (Debian 12 has 3.11.2) has no extraction filters:
+                # refuse what the "data" filter would refuse, then extract
+                for m in members:
+                    _check_member(m, tmp)
+                tar.extractall(tmp, members=members)
         validate_tree(tmp)
-        (tmp / STAMP_NAME).write_text(json.dumps(pin, indent=2, sort_keys=True) + "\n")
+        apply_patches(tmp, patch_dir)
+        (tmp / STAMP_NAME).write_text(json.dumps(expected_stamp(pin, patch_dir), indent=2, sort_keys=True) + "\n")
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
@@ -130,26 +168,41 @@ def unpack(sdist: Path, pin: dict, dest: Path) -> None:
         raise
 
 
-def stamp_matches(dest: Path, pin: dict) -> bool:
+def _check_member(m: tarfile.TarInfo, root: Path) -> None:
+    """What tarfile's "data" filter refuses: absolute names, names or links that leave
+    root, devices and other special files."""
+    target = (root / m.name).resolve()
+    if os.path.isabs(m.name) or not str(target).startswith(str(root.resolve()) + os.sep):
+        raise FetchError(f"refusing to unpack {m.name!r}: outside the destination")
+    if m.issym():
+        link = (target.parent / m.linkname).resolve()
+        if os.path.isabs(m.linkname) or not str(link).startswith(str(root.resolve()) + os.sep):
+            raise FetchError(f"refusing to unpack the link {m.name!r} -> {m.linkname!r}: it leaves the tree")
+    elif not (m.isfile() or m.isdir()):
+        raise FetchError(f"refusing to unpack {m.name!r}: not a regular file, directory or link")
+
+
+def stamp_matches(dest: Path, pin: dict, patch_dir: Path = PATCH_DIR) -> bool:
     try:
         stamp = json.loads((dest / STAMP_NAME).read_text())
     except (OSError, ValueError):
         return False
-    return stamp == pin
+    return stamp == expected_stamp(pin, patch_dir)
 
 
 def ensure_llama_cpp(dest: Path = DEFAULT_DEST, sdist: Path | None = None,
-                     llama_cpp_dir: str | None = None, pin_file: Path = PIN_FILE) -> Path:
+                     llama_cpp_dir: str | None = None, pin_file: Path = PIN_FILE,
+                     patch_dir: Path = PATCH_DIR) -> Path:
     if llama_cpp_dir:
         path = Path(llama_cpp_dir).expanduser().resolve()
         validate_tree(path)
         return path
     pin = load_pin(pin_file)
-    if sdist is None and dest.is_dir() and stamp_matches(dest, pin):
+    if sdist is None and dest.is_dir() and stamp_matches(dest, pin, patch_dir):
         return dest
     if sdist is None:
         sdist = download_sdist(pin, cache_dir() / "sdist")
-    unpack(Path(sdist), pin, dest)
+    unpack(Path(sdist), pin, dest, patch_dir)
     return dest
 
 
@@ -158,11 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dest", type=Path, default=DEFAULT_DEST, help="where to unpack (default: %(default)s)")
     ap.add_argument("--sdist", type=Path, help="use this local sdist file instead of downloading")
     ap.add_argument("--pin", type=Path, default=PIN_FILE, help="pin file (default: %(default)s)")
+    ap.add_argument("--patches", type=Path, default=PATCH_DIR,
+                    help="directory of *.patch files applied in name order (default: %(default)s)")
     ap.add_argument("--llama-cpp-dir", default=os.environ.get("LLAMA_CPP_DIR") or None,
                     help="use an existing llama.cpp tree (default: $LLAMA_CPP_DIR)")
     args = ap.parse_args(argv)
     try:
-        path = ensure_llama_cpp(args.dest, args.sdist, args.llama_cpp_dir, args.pin)
+        path = ensure_llama_cpp(args.dest, args.sdist, args.llama_cpp_dir, args.pin, args.patches)
     except FetchError as e:
         print(f"fetch_llama_cpp: error: {e}", file=sys.stderr)
         return 1

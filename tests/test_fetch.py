@@ -57,10 +57,12 @@ def test_matching_hash_unpacks_and_stamps(tmp_path):
     pin_file = tmp_path / "pin.json"
     pin_file.write_text(json.dumps(pin))
     dest = tmp_path / "tree"
-    r = _run("--sdist", str(sdist), "--dest", str(dest), "--pin", str(pin_file))
+    no_patches = tmp_path / "patches"
+    no_patches.mkdir()
+    r = _run("--sdist", str(sdist), "--dest", str(dest), "--pin", str(pin_file), "--patches", str(no_patches))
     assert r.returncode == 0, r.stderr
     assert (dest / "include" / "llama.h").is_file()
-    assert json.loads((dest / ".polyllama-pin.json").read_text()) == pin
+    assert json.loads((dest / ".polyllama-pin.json").read_text()) == dict(pin, patches={})
     assert r.stdout.strip().splitlines()[-1] == str(dest)
 
 
@@ -71,7 +73,8 @@ def test_sdist_without_tree_is_rejected(tmp_path):
     pin["sdist_sha256"] = hashlib.sha256(sdist.read_bytes()).hexdigest()
     (tmp_path / "pin.json").write_text(json.dumps(pin))
     dest = tmp_path / "tree"
-    r = _run("--sdist", str(sdist), "--dest", str(dest), "--pin", str(tmp_path / "pin.json"))
+    r = _run("--sdist", str(sdist), "--dest", str(dest), "--pin", str(tmp_path / "pin.json"),
+             "--patches", str(tmp_path / "none"))
     assert r.returncode == 1
     assert "vendor/llama.cpp" in r.stderr
     assert not dest.exists()
@@ -90,3 +93,33 @@ def test_llama_cpp_dir_env_is_used(tmp_path):
     r = _run(env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(tree.resolve())
+
+
+def test_a_patch_that_does_not_apply_fails_and_leaves_nothing(tmp_path):
+    sdist = _fake_sdist(tmp_path / "fake.tar.gz")
+    import hashlib
+    pin = json.loads((ROOT / "thirdparty" / "llama.cpp.pin.json").read_text())
+    pin["sdist_sha256"] = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    (tmp_path / "pin.json").write_text(json.dumps(pin))
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "0001-bad.patch").write_text(
+        "why: nothing\n--- a/include/llama.h\n+++ b/include/llama.h\n@@ -1,1 +1,1 @@\n-no such line\n+x\n")
+    dest = tmp_path / "tree"
+    r = _run("--sdist", str(sdist), "--dest", str(dest), "--pin", str(tmp_path / "pin.json"),
+             "--patches", str(patches))
+    assert r.returncode == 1
+    assert "0001-bad.patch does not apply to the pinned tree" in r.stderr
+    assert not dest.exists() and not list(tmp_path.glob(".llama.cpp.partial-*"))
+
+
+def test_the_pinned_tree_carries_the_patch_series():
+    tree = ROOT / "thirdparty" / "llama.cpp"
+    stamp = json.loads((tree / ".polyllama-pin.json").read_text())
+    names = sorted(p.name for p in (ROOT / "thirdparty" / "patches").glob("*.patch"))
+    assert names and sorted(stamp["patches"]) == names
+    for name in names:
+        # every patch says why before its diff
+        head = (ROOT / "thirdparty" / "patches" / name).read_text().split("\n--- a/", 1)[0]
+        assert "Why:" in head and "What:" in head, name
+    assert "polyllama patch" in (tree / "src" / "llama-kv-cache.cpp").read_text()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from polyllama import LLM, LoadAbortedError, PolyllamaError
+from polyllama import LLM, LoadAbortedError
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 
@@ -43,15 +43,16 @@ def test_cancel_with_nothing_running_is_spent_by_the_next_call(llm):
     assert r.finish_reason == "length" and r.generated_tokens == 3
 
 
-def test_reentry_on_the_same_thread_is_refused_and_the_stream_survives(llm):
+def test_a_generation_inside_an_open_stream_on_the_same_thread_runs_beside_it(llm):
+    # the engine owns no thread: a generate() while this thread holds an open stream joins
+    # the stream's batch instead of overwriting its KV cache
     alone = "".join(llm.stream("The capital of France is", max_tokens=8))
+    other = llm.generate("Another prompt", max_tokens=2).text
     s = llm.stream("The capital of France is", max_tokens=8)
     first = next(s)
-    with pytest.raises(PolyllamaError, match="already generating on this thread"):
-        llm.generate("Another prompt", max_tokens=2)
-    with pytest.raises(PolyllamaError, match="already generating on this thread"):
-        llm.logits("Another prompt")
-    assert llm.tokenize("Hi")   # read-only calls still work inside a stream
+    assert llm.generate("Another prompt", max_tokens=2).text == other
+    assert len(llm.logits("Another prompt")) == llm.metadata["n_vocab"]
+    assert llm.tokenize("Hi")
     assert first + "".join(s) == alone
 
 

@@ -15,6 +15,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 from libc.math cimport exp, log
+from posix.unistd cimport usleep
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
 from libcpp.vector cimport vector
@@ -867,6 +868,14 @@ cdef class Context:
     def close(self):
         self._free()
 
+    def abandon(self):
+        """A thread stays blocked inside this context for good (a lost RPC server, found by
+        the engine): never free it or its model (see _after_remote)."""
+        if not self.lost:
+            self.lost = True
+            self.model.lost = True
+            Py_INCREF(self)
+
     cdef int _check(self) except -1:
         if self.lost:
             raise RemoteDeviceError("this context lost its connection to an RPC server; "
@@ -1315,3 +1324,9 @@ def rpc_start_server(str endpoint, list device_indices, cache_dir=None, int n_th
             fn(ce, cc, nt, n, devs)
     finally:
         free(devs)
+
+
+# ---------------------------------------------------------------------------------------
+# the sequence engine (continuous batching)
+# ---------------------------------------------------------------------------------------
+include "_engine.pxi"

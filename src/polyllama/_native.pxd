@@ -3,12 +3,14 @@
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
+from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 
 from polyllama.includes.ggml_backend cimport ggml_backend_dev_t, ggml_backend_reg_t
 from polyllama.includes.llama cimport (llama_batch, llama_context, llama_context_params,
                                        llama_model, llama_model_params,
-                                       llama_model_tensor_buft_override)
+                                       llama_model_tensor_buft_override, llama_sampler,
+                                       llama_token)
 
 
 cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
@@ -98,3 +100,78 @@ cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
                           llama_context_params * cparams, float * tensor_split,
                           llama_model_tensor_buft_override * overrides, size_t * margins,
                           uint32_t n_ctx_min, int * status, double timeout_s, string & err)
+
+
+# The sequence engine (native/engine.h).
+cdef extern from "engine.h" namespace "polyllama" nogil:
+    cdef enum finish_reason:
+        FINISH_NONE
+        FINISH_STOP
+        FINISH_LENGTH
+        FINISH_CANCELLED
+        FINISH_ERROR
+
+    cdef enum error_kind:
+        ERROR_NONE
+        ERROR_GRAMMAR
+        ERROR_DECODE
+        ERROR_CONTEXT
+        ERROR_REMOTE
+        ERROR_CLOSED
+
+    cdef cppclass request_params:
+        vector[llama_token] prompt
+        int32_t max_tokens
+        int32_t limit
+        int32_t n_probs
+        cbool greedy
+        llama_token banned
+        cbool ignore_eos
+        vector[string] stops
+        llama_sampler * sampler
+        cbool logits_only
+
+    cdef cppclass request_output:
+        string text
+        vector[llama_token] tokens
+        vector[vector[pair[llama_token, float]]] logprobs
+        vector[float] logits
+        int finish
+        int error_kind
+        int error_code
+        string error
+        int32_t n_prompt
+        int32_t n_reused
+        int32_t n_generated
+        double t_submit
+        double t_start
+        double t_first
+        double t_end
+
+    cdef cppclass engine_stats:
+        int64_t steps
+        int64_t tokens_decoded
+        int64_t tokens_generated
+        int64_t prompt_tokens_reused
+        int32_t live
+        int32_t queued
+        int32_t cached_slots
+        int32_t kv_cells_used
+        double decode_seconds
+        double step_seconds
+
+    cdef cppclass engine:
+        engine(llama_context * ctx, const llama_model * model, remote_worker * worker,
+               double timeout_s, int sample_threads) except +
+        int64_t submit(request_params & params)
+        void cancel(int64_t id)
+        void cancel_all()
+        void release(int64_t id)
+        int wait(int64_t id, cbool until_finished, double timeout_s, request_output & out)
+        int take(int64_t id, request_output & out)
+        int step(vector[int64_t] & changed)
+        cbool wait_for_work(double timeout_s)
+        void shutdown()
+        void clear_cache()
+        engine_stats stats()
+        int n_slots()

@@ -54,41 +54,38 @@ def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: i
     # and 1545)
     llm = LLM(model, backend=backend, n_threads=threads, n_gpu_layers=ngl, flash_attn=flash_attn,
               n_ctx=n_prompt + n_gen, n_seq_max=1)
-    core = llm._ctx
+    engine = llm.engine
     vocab = llm.metadata["n_vocab"]
     # a prompt of exactly n_prompt tokens, like llama-bench's (which uses random tokens)
     prompt = [(i * 7919 + 13) % (vocab - 1000) + 500 for i in range(n_prompt)]
 
-    def fresh():
-        llm._forget_cache()   # no prefix reuse: every repetition decodes its whole prompt
-
     pp, tg_gen, tg_stream, overhead = [], [], [], []
     for rep in range(reps + 1):   # repetition 0 is the warm-up
-        fresh()
+        engine.clear_cache()      # no prefix reuse: every repetition decodes its whole prompt
         r = llm.generate(prompt, max_tokens=1)
         if rep:
             pp.append(r.prompt_tokens_per_second)
     for rep in range(reps + 1):
-        fresh()
-        core.perf_reset()
+        engine.clear_cache()
+        before = engine.stats()
         t0 = time.perf_counter()
         r = llm.generate([prompt[0]], max_tokens=n_gen, ignore_eos=True)
         wall = time.perf_counter() - t0
-        perf = core.perf()
+        after = engine.stats()
         if rep:
             tg_gen.append(r.generation_tokens_per_second)
-            # decode time inside llama.cpp for the generated tokens vs the wall time of the loop
-            if perf["n_eval"]:
-                overhead.append((wall - (perf["t_eval_ms"] + perf["t_p_eval_ms"]) / 1e3) / r.generated_tokens * 1e6)
+            # what is not llama_decode (nor waiting for the device), per generated token
+            busy = after["decode_seconds"] - before["decode_seconds"]
+            overhead.append((wall - busy) / r.generated_tokens * 1e6)
     params = SamplingParams(max_tokens=n_gen, ignore_eos=True)
     for rep in range(reps + 1):
-        fresh()
+        engine.clear_cache()
         # count tokens, not pieces: a piece may hold several tokens (multi-byte characters)
-        holder = []
-        for _ in llm._stream_one([prompt[0]], params, False, holder=holder):
+        req = engine.submit([prompt[0]], params)
+        for _ in req:
             pass
         if rep:
-            tg_stream.append(holder[0].generation_tokens_per_second)
+            tg_stream.append(req.result().generation_tokens_per_second)
     placement = str(llm.placement)
     llm.close()
     return {"pp": statistics.mean(pp), "pp_sd": statistics.pstdev(pp),
@@ -207,19 +204,38 @@ def cyllama_bench(model: str, threads: int | None, n_gen: int, reps: int, n_gpu_
 
 
 def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: str = "auto",
-                  threads: int | None = None, ngl="auto", kv_unified: bool = True) -> dict:
-    """Aggregate generated tokens/s for `width` prompts decoded in parallel."""
+                  threads: int | None = None, ngl="auto", kv_unified: bool = True,
+                  n_prompt: int = 8, flash_attn: str = "auto") -> dict:
+    """Aggregate tokens/s of the generation phase for `width` prompts decoded together, as
+    llama-batched-bench's S_TG counts it: the tokens decoded after the prompts, over the
+    time from the first sampled token to the last.
+
+    Each width repeats once after a warm-up of the same width (graph shapes, CUDA graphs)."""
     from .llm import LLM
+    from .sampling import SamplingParams
     out = {}
     llm = LLM(model, backend=backend, n_threads=threads, n_gpu_layers=ngl, n_seq_max=max(widths),
-              n_ctx=max(widths) * (n_gen + 32), kv_unified=kv_unified)
-    llm.generate(["warm up"] * 2, max_tokens=4)
+              n_ctx=max(widths) * (n_prompt + n_gen + 8), kv_unified=kv_unified, flash_attn=flash_attn)
+    engine = llm.engine
+    vocab = llm.metadata["n_vocab"]
+    params = SamplingParams(max_tokens=n_gen, ignore_eos=True)
     for w in widths:
-        prompts = [f"Story number {i}:" for i in range(w)]
-        t0 = time.perf_counter()
-        res = llm.generate(prompts, max_tokens=n_gen, ignore_eos=True)
-        dt = time.perf_counter() - t0
-        out[w] = sum(r.generated_tokens for r in res) / dt
+        rates = []
+        for rep in range(2):
+            engine.clear_cache()
+            # distinct prompts of n_prompt tokens each (no shared prefix to reuse)
+            prompts = [[(i * 7919 + j * 104729 + 13) % (vocab - 1000) + 500 for j in range(n_prompt)]
+                       for i in range(w)]
+            reqs = [engine.submit(p, params) for p in prompts]
+            for r in reqs:
+                r.result()
+            t = [r.timings for r in reqs]
+            first = max(x["t_first"] for x in t)
+            last = max(x["t_end"] for x in t)
+            decoded = sum(x["n_generated"] - 1 for x in t)
+            if rep:
+                rates.append(decoded / (last - first) if last > first else 0.0)
+        out[w] = statistics.mean(rates)
     llm.close()
     return out
 

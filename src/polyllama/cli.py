@@ -243,12 +243,12 @@ def cmd_run(args) -> int:
     llm = _load(args)
     print(f"[{llm.placement}]", file=sys.stderr)
     sys.stdout.write(prompt)
-    holder = []
-    for piece in llm._stream_one(prompt, params, False, holder=holder):
+    req = llm.engine.submit(prompt, params)
+    for piece in req.text_stream():
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
-    r = holder[0]
+    r = req.result()
     print(f"[{r.prompt_tokens} prompt tokens at {r.prompt_tokens_per_second:.1f} t/s, "
           f"{r.generated_tokens} generated at {r.generation_tokens_per_second:.1f} t/s, "
           f"finish: {r.finish_reason}]", file=sys.stderr)

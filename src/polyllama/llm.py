@@ -12,18 +12,16 @@ wait for each other (a stream holds the lock until it is exhausted or closed).
 from __future__ import annotations
 
 import array
-import codecs
-import contextlib
 import json
 import logging
 import math
 import os
 import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from ._extension import core
+from .engine import Engine, Request, default_sample_threads
 from .errors import (ConflictingArgumentsError, ContextError, ContextOverflowError, GrammarError,
                      InsufficientMemoryError, LoadAbortedError, ModelLoadError, PolyllamaError,
                      TemplateError)
@@ -49,92 +47,15 @@ class GenerationResult:
     generation_tokens_per_second: float
     logprobs: list[list[tuple[int, float]]] | None = None   # per step: top n_probs (token, logprob)
     message: dict | None = None            # chat(): the parsed assistant message
+    cached_tokens: int = 0                 # prompt tokens found in the KV cache (not recomputed)
 
     @property
     def stats(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
                 "time_to_first_token": self.time_to_first_token,
                 "prompt_tokens_per_second": self.prompt_tokens_per_second,
-                "generation_tokens_per_second": self.generation_tokens_per_second}
-
-
-class _TextAssembler:
-    """Bytes of token pieces in, whole UTF-8 text out; cuts at stop strings.
-
-    Text that might be the start of a stop string is held back until it is known not to
-    be one, so a stop string split over several tokens is never emitted.
-    """
-
-    def __init__(self, stops: Sequence[str]):
-        self.stops = tuple(stops)
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.text = ""          # everything decoded so far (cut at a stop once found)
-        self.emitted = 0        # how much of self.text was handed out
-        self.stopped = False
-
-    def _held_back(self) -> int:
-        """Length of the longest suffix of text that is a proper prefix of a stop string."""
-        best = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(self.text)), best, -1):
-                if self.text.endswith(s[:k]):
-                    best = k
-                    break
-        return best
-
-    def feed(self, piece: bytes) -> str:
-        new = self.decoder.decode(piece)
-        if not new:
-            return ""
-        start = max(0, len(self.text) - max((len(s) for s in self.stops), default=0))
-        self.text += new
-        for s in self.stops:
-            i = self.text.find(s, start)
-            if i >= 0 and not self.stopped:
-                self.text = self.text[:i]
-                self.stopped = True
-        if self.stopped:
-            return self._flush()
-        safe = len(self.text) - self._held_back()
-        out = self.text[self.emitted:safe]
-        self.emitted = max(self.emitted, safe)
-        return out
-
-    def _flush(self) -> str:
-        out = self.text[self.emitted:]
-        self.emitted = len(self.text)
-        return out
-
-    def finish(self) -> str:
-        if not self.stopped:
-            self.text += self.decoder.decode(b"", final=True)
-        return self._flush()
-
-
-class _Run:
-    """State of one generation: counters and timings, filled while tokens are produced."""
-
-    def __init__(self, n_prompt: int):
-        self.n_prompt = n_prompt
-        self.tokens: list[int] = []
-        self.logprobs: list | None = None
-        self.finish_reason = "length"
-        self.t_start = time.perf_counter()
-        self.t_first = None
-        self.t_end = None
-
-    def result(self, text: str) -> GenerationResult:
-        t_end = self.t_end or time.perf_counter()
-        t_first = self.t_first or t_end
-        n_gen = len(self.tokens)
-        pp = t_first - self.t_start
-        tg = t_end - t_first
-        return GenerationResult(
-            text=text, tokens=list(self.tokens), finish_reason=self.finish_reason,
-            prompt_tokens=self.n_prompt, generated_tokens=n_gen, time_to_first_token=pp,
-            prompt_tokens_per_second=self.n_prompt / pp if pp > 0 else 0.0,
-            generation_tokens_per_second=(n_gen - 1) / tg if n_gen > 1 and tg > 0 else 0.0,
-            logprobs=self.logprobs)
+                "generation_tokens_per_second": self.generation_tokens_per_second,
+                "cached_tokens": self.cached_tokens}
 
 
 class Tokenizer:
@@ -308,13 +229,13 @@ class LLM:
                  flash_attn: str = "auto", memory_margin: int = DEFAULT_MARGIN,
                  progress: Callable[[float], Any] | None = None, chat_template: str | None = None,
                  rpc_servers: Sequence[str] | None = None, rpc_timeout: float | None = None):
+        # guards loading, close() and what reads the model outside the engine; generation
+        # runs in the engine, which serializes nothing per thread (requests batch together)
         self._lock = threading.RLock()
         self._model = None
         self._ctx = None
+        self._engine: Engine | None = None
         self._embed_ctx = None
-        self._cancel = False
-        self._busy = False              # a generation holds the context (see _exclusive)
-        self._cached: list[int] = []   # tokens of sequence 0 currently in the KV cache
         path = default_model_path() if model is None else model
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"model must be a path, not {type(path).__name__}")
@@ -452,6 +373,8 @@ class LLM:
             model.close()
             raise
         self._model, self._ctx = model, ctx
+        on_gpu = bool(cand.devices) and any(d.backend != "rpc" for d in cand.devices)
+        self._engine = Engine(self, core.Engine(ctx, default_sample_threads(on_gpu and mp.n_gpu_layers != 0)))
         mem = ctx.memory()
         n_layers = model.n_layer + 1
         ngl = mp.n_gpu_layers
@@ -504,14 +427,15 @@ class LLM:
     def close(self) -> None:
         """Free the context(s) and the model (device memory too). Idempotent."""
         with self._lock:
+            if self._engine is not None:
+                self._engine.close()     # fails what still runs, waits for its threads
             if self._embed_ctx is not None:
                 self._embed_ctx[1].close()
             if self._ctx is not None:
                 self._ctx.close()
             if self._model is not None:
                 self._model.close()
-            self._embed_ctx = self._ctx = self._model = None
-            self._cached = []
+            self._engine = self._embed_ctx = self._ctx = self._model = None
 
     def __enter__(self) -> "LLM":
         return self
@@ -530,29 +454,26 @@ class LLM:
             raise PolyllamaError("this LLM is closed")
         return self._ctx
 
-    @contextlib.contextmanager
-    def _exclusive(self):
-        """Hold the lock for work that uses the context, and refuse re-entry from the same
-        thread (the lock is re-entrant): a generate() or logits() called while this thread
-        holds an open stream of the same LLM would overwrite the stream's KV cache."""
-        with self._lock:
-            self._require()
-            if self._busy:
-                raise PolyllamaError(
-                    "this LLM is already generating on this thread (an open stream() or chat(stream=True) "
-                    "iterator): finish or close() that iterator first, or use a second LLM")
-            self._busy = True
-            try:
-                yield self._ctx
-            finally:
-                self._busy = False
-
     def cancel(self) -> None:
-        """Stop the generation running in another thread; it ends with finish_reason="cancelled"."""
-        self._cancel = True
+        """Stop every generation of this LLM running in other threads; each ends with
+        finish_reason="cancelled" at the engine's next step."""
+        eng = self._engine
+        if eng is not None:
+            eng.cancel_all()
+
+    @property
+    def engine(self) -> Engine:
+        """The sequence engine every generation of this LLM runs through (polyllama.Engine):
+        submit() requests and drive them yourself, e.g. from a server."""
+        self._require()
+        return self._engine
+
+    def _context_lost(self) -> None:
+        """An RPC server was lost during a decode: a thread stays blocked in the context,
+        so it and its model must never be freed (they leak; see MORE_THAN_ONE_MACHINE.md)."""
         ctx = self._ctx
         if ctx is not None:
-            ctx.cancel_requested = True
+            ctx.abandon()
 
     # ---- facts --------------------------------------------------------------------------
     @property
@@ -627,13 +548,13 @@ class LLM:
 
     def logits(self, prompt: str | list[int]) -> "array.array":
         """llama.cpp's logits for the token after `prompt` (n_vocab floats, array('f'))."""
-        with self._exclusive():
-            tokens = self._fit_prompt(self._prompt_tokens(prompt), SamplingParams(), False, self._ctx.n_ctx_seq)
-            self._forget_cache()
-            self._ctx.cancel_requested = False   # a cancel() with nothing running is spent here
-            idx = self._ctx.decode(tokens, 0, 0)
-            self._cached = list(tokens)
-            return self._ctx.logits(idx)
+        with self._lock:
+            self._require()
+            n_ctx = self._ctx.n_ctx_seq
+            tokens = self._fit_prompt(self._prompt_tokens(prompt), SamplingParams(), False, n_ctx)
+            req = self._engine._submit_tokens(tokens, limit=n_ctx, logits_only=True)
+        req.result()
+        return req.logits
 
     # ---- generation ---------------------------------------------------------------------
     def _grammar_for(self, params: SamplingParams) -> str | None:
@@ -653,268 +574,79 @@ class LLM:
         head = tokens[:1] if self._model.add_bos and tokens and tokens[0] == self._model.token_bos else []
         return head + tokens[len(tokens) - (keep - len(head)):]
 
-    def _iter_tokens(self, prompt_tokens: list[int], params: SamplingParams, run: _Run,
-                     grammar: str | None, lazy_patterns=None, prefill=()) -> Iterator[int]:
-        """Decode the prompt (reusing the cached prefix) and yield sampled tokens."""
-        ctx, model = self._ctx, self._model
-        n_ctx = ctx.n_ctx_seq   # sequence 0's share: all of n_ctx unless kv_unified=False
-        sampler = build_sampler(core, model, params, grammar, lazy_patterns, prefill)
-        try:
-            # reuse the longest common prefix already in the KV cache
-            common = 0
-            cached = self._cached
-            limit = min(len(cached), len(prompt_tokens) - 1)
-            while common < limit and cached[common] == prompt_tokens[common]:
-                common += 1
-            self._cached = []
-            if common < len(cached):
-                if not ctx.seq_rm(0, common, -1):
-                    ctx.clear()
-                    common = 0
-            ctx.cancel_requested = False
-            idx = ctx.decode(prompt_tokens[common:], 0, common)
-            self._cached = list(prompt_tokens)
-            pos = len(prompt_tokens)
-            max_tokens = params.max_tokens or (1 << 30)
-            eog = model.is_eog
-            if is_plain_greedy(params, grammar):
-                banned = model.token_eos if params.ignore_eos else -1
-                pick = lambda i: ctx.argmax(i, banned)  # noqa: E731
-            else:
-                pick = lambda i: sampler.sample(ctx, i)  # noqa: E731
-            while True:
-                if self._cancel:
-                    run.finish_reason = "cancelled"
-                    return
-                tok = pick(idx)
-                if params.n_probs:
-                    run.logprobs.append(ctx.top_logprobs(idx, params.n_probs))
-                if run.t_first is None:
-                    run.t_first = time.perf_counter()
-                if eog(tok) and not params.ignore_eos:
-                    run.finish_reason = "stop"
-                    return
-                run.tokens.append(tok)
-                if len(run.tokens) >= max_tokens or pos >= n_ctx:
-                    yield tok
-                    run.finish_reason = "length"
-                    return
-                # Decode tok before handing it out: on a GPU llama_decode returns once the
-                # graph is queued, so the consumer's work on tok (detokenizing, stop strings,
-                # the caller's own code) runs while the device computes the next logits, and
-                # the next pick() waits only for what is left. A consumer that stops here
-                # (stop string, break) leaves one extra token in the cache; _cached says so.
-                try:
-                    ctx.decode_one(tok, pos)
-                except core.Cancelled:
-                    # tok was sampled; only the step after it was cancelled
-                    run.finish_reason = "cancelled"
-                    self._forget_cache()
-                    yield tok
-                    return
-                self._cached.append(tok)
-                pos += 1
-                idx = 0
-                yield tok
-        except core.Cancelled:
-            # an aborted decode may have written part of its batch: forget the cache
-            run.finish_reason = "cancelled"
-            self._forget_cache()
-        except GeneratorExit:
-            raise   # the consumer stopped early: the cache still matches self._cached
-        except BaseException:
-            self._forget_cache()   # e.g. Ctrl-C or a failed decode: state unknown
-            raise
-        finally:
-            run.t_end = time.perf_counter()
-            sampler.close()
-
-    def _forget_cache(self) -> None:
-        self._cached = []
-        if self._ctx is not None:
-            self._ctx.clear()
-
-    def _stream_one(self, prompt, params: SamplingParams, truncate: bool, grammar: str | None = None,
-                    lazy_patterns=None, holder: list | None = None, prefill=()) -> Iterator[str]:
-        with self._exclusive():
-            self._cancel = False
-            tokens = self._fit_prompt(self._prompt_tokens(prompt), params, truncate, self._ctx.n_ctx_seq)
+    def _submit(self, prompt, params: SamplingParams, truncate: bool, *, grammar: str | None = None,
+                lazy_patterns=None, prefill=(), limit: int = 0, seed_offset: int = 0) -> Request:
+        """Tokens, sampler and limits of one prompt, queued in the engine."""
+        self._check_prompt_type(prompt)
+        with self._lock:   # close() waits for this, not for the generation
+            self._require()
+            limit = limit or self._ctx.n_ctx_seq
+            tokens = self._fit_prompt(self._prompt_tokens(prompt), params, truncate, limit)
             if grammar is None:
                 grammar = self._grammar_for(params)
-            run = _Run(len(tokens))
-            if params.n_probs:
-                run.logprobs = []
-            asm = _TextAssembler(params.stop)
-            piece = self._model.token_to_piece
-            for tok in self._iter_tokens(tokens, params, run, grammar, lazy_patterns, prefill):
-                out = asm.feed(piece(tok))
-                if out:
-                    yield out
-                if asm.stopped:
-                    run.finish_reason = "stop"
-                    break
-            out = asm.finish()
-            if out:
-                yield out
-            if holder is not None:
-                holder.append(run.result(asm.text))
+            greedy = is_plain_greedy(params, grammar)
+            sampler = None
+            if not greedy:
+                p = params
+                if seed_offset and params.seed is not None:
+                    p = SamplingParams.from_kwargs(params, seed=(params.seed + seed_offset) & 0xFFFFFFFF)
+                sampler = build_sampler(core, self._model, p, grammar, lazy_patterns, prefill)
+            return self._engine._submit_tokens(
+                tokens, max_tokens=params.max_tokens or -1, limit=limit, n_probs=params.n_probs,
+                greedy=greedy, banned=self._model.token_eos if params.ignore_eos else -1,
+                ignore_eos=params.ignore_eos, stops=params.stop, sampler=sampler)
 
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None, *,
                truncate: bool = False, **kwargs) -> Iterator[str]:
-        """Yield the generated text piece by piece as tokens arrive (whole characters only)."""
+        """Yield the generated text piece by piece as tokens arrive (whole characters only).
+
+        The request is queued at once (argument and prompt errors are raised here); closing
+        the iterator early, or dropping it, cancels it."""
         params = SamplingParams.from_kwargs(params, **kwargs)
         self._require()
-        if isinstance(prompt, (list, tuple)) and any(isinstance(p, str) for p in prompt):
+        if isinstance(prompt, (list, tuple)) and any(isinstance(p, (str, list, tuple)) for p in prompt):
             raise TypeError("stream() takes one prompt (a str or a list of token ids); "
                             "pass a list of prompts to generate() instead")
-        self._check_prompt_type(prompt)
-        return self._stream_one(prompt, params, truncate)
+        return self._submit(prompt, params, truncate).text_stream()
+
+    @staticmethod
+    def _is_prompt_list(prompt) -> bool:
+        """A list of prompts (strings or token-id lists), as opposed to one prompt of ids."""
+        return (isinstance(prompt, (list, tuple)) and bool(prompt)
+                and all(isinstance(p, str) or (isinstance(p, (list, tuple)) and not isinstance(p, str))
+                        for p in prompt))
 
     def generate(self, prompt, params: SamplingParams | None = None, *, truncate: bool = False,
                  **kwargs):
         """Complete a prompt (str or token ids), or a list of prompts decoded in parallel.
 
-        Returns a GenerationResult, or a list of them in input order for a list of prompts.
-        Keyword arguments are SamplingParams fields (max_tokens=16, temperature=0.7, ...).
+        Returns a GenerationResult, or a list of them in input order for a list of prompts
+        (strings or token-id lists). Keyword arguments are SamplingParams fields
+        (max_tokens=16, temperature=0.7, ...).
         """
         params = SamplingParams.from_kwargs(params, **kwargs)
         self._require()
-        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, str) for p in prompt):
-            return self._generate_batch(list(prompt), params, truncate)
         if isinstance(prompt, (list, tuple)) and not prompt:
             raise ValueError("the prompt list is empty")
-        holder: list[GenerationResult] = []
-        for _ in self._stream_one(prompt, params, truncate, holder=holder):
-            pass
-        return holder[0]
+        if self._is_prompt_list(prompt):
+            return self._generate_batch(list(prompt), params, truncate)
+        return self._submit(prompt, params, truncate).result()
 
-    def _generate_batch(self, prompts: list[str], params: SamplingParams, truncate: bool) -> list[GenerationResult]:
-        """Many prompts in one context, one sequence each, one multi-sequence batch per step."""
-        with self._exclusive() as ctx:
-            model = self._model
-            self._cancel = False
-            ctx.cancel_requested = False
-            width = ctx.n_seq_max
-            n_ctx = ctx.n_ctx
-            grammar = self._grammar_for(params)
-            results: list[GenerationResult] = []
-            for start in range(0, len(prompts), width):
-                group = prompts[start:start + width]
-                results.extend(self._batch_group(ctx, model, group, params, truncate, grammar, n_ctx))
-            return results
-
-    def _batch_group(self, ctx, model, prompts, params, truncate, grammar, n_ctx):
-        ctx.clear()
-        self._cached = []
-        toks = [self._prompt_tokens(p) for p in prompts]
-        # a unified KV cache is shared by the sequences; otherwise each has n_ctx_seq cells
-        budget = min(n_ctx // len(prompts), ctx.n_ctx_seq)
-        toks = [self._fit_prompt(t, params, truncate, budget) for t in toks]
-        runs = [_Run(len(t)) for t in toks]
-        asms = [_TextAssembler(params.stop) for _ in toks]
-        samplers = []
+    def _generate_batch(self, prompts: list, params: SamplingParams, truncate: bool) -> list[GenerationResult]:
+        """Every prompt is a request of the engine: up to n_seq_max decode together, the
+        rest join as others finish. Prompt i samples with seed + i."""
+        n_ctx, n_ctx_seq = self._ctx.n_ctx, self._ctx.n_ctx_seq
+        # without max_tokens a request runs until its limit; the prompts share the context
+        limit = n_ctx_seq if params.max_tokens else max(1, min(n_ctx // len(prompts), n_ctx_seq))
+        reqs: list[Request] = []
         try:
-            greedy = is_plain_greedy(params, grammar)
-            banned = model.token_eos if params.ignore_eos else -1
-            for i, t in enumerate(toks):
-                p = params if params.seed is None else SamplingParams.from_kwargs(params, seed=params.seed + i)
-                samplers.append(build_sampler(core, model, p, grammar))
-
-            n_probs = params.n_probs
-            for r in runs:
-                r.logprobs = [] if n_probs else None
-
-            def pick(i, b):
-                if n_probs:
-                    runs[i].logprobs.append(ctx.top_logprobs(b, n_probs))
-                return ctx.argmax(b, banned) if greedy else samplers[i].sample(ctx, b)
-            pos = [len(t) for t in toks]
-            max_tokens = params.max_tokens or (1 << 30)
-            piece = model.token_to_piece
-            try:
-                # Prompts: one multi-sequence batch when they fit in n_batch (one graph
-                # instead of one per prompt), else one decode per prompt, each sampled
-                # before the next decode overwrites its logits.
-                if sum(len(t) for t in toks) <= ctx.n_batch:
-                    flat_tok, flat_pos, flat_seq, flat_out, last = [], [], [], [], []
-                    for i, t in enumerate(toks):
-                        flat_tok += t
-                        flat_pos += range(len(t))
-                        flat_seq += [i] * len(t)
-                        flat_out += [False] * (len(t) - 1) + [True]
-                        last.append(len(flat_tok) - 1)
-                    ctx.decode_multi(flat_tok, flat_pos, flat_seq, flat_out)
-                    sampled = {i: pick(i, b) for i, b in enumerate(last)}
-                else:
-                    sampled = {i: pick(i, ctx.decode(t, i, 0)) for i, t in enumerate(toks)}
-                now = time.perf_counter()
-                for r in runs:
-                    r.t_first = now
-                while sampled:
-                    going = self._batch_step(ctx, sampled, runs, asms, params, model, piece,
-                                             max_tokens, pos, budget)
-                    if not going:
-                        break
-                    sampled = {i: pick(i, b) for i, b in going.items()}
-            except core.Cancelled:
-                pass
-            now = time.perf_counter()
-            out = []
-            for r, a in zip(runs, asms):
-                if r.t_end is None:
-                    r.t_end, r.finish_reason = now, "cancelled"
-                a.finish()
-                out.append(r.result(a.text))
-            return out
-        finally:
-            for s in samplers:
-                s.close()
-            ctx.clear()
-
-    def _batch_step(self, ctx, sampled, runs, asms, params, model, piece, max_tokens, pos, budget):
-        """Take one sampled token per sequence, queue the next decode, then assemble text.
-
-        Returns {sequence: its row in the queued batch} for the sequences that go on. The
-        decode is queued before the text work so that, on a GPU, detokenizing and stop
-        strings run while the device computes; a sequence that a stop string ends in this
-        step has one token decoded for nothing, and its cache is cleared with the rest.
-        """
-        ended = {}            # sequence -> finish reason, unless a stop string comes first
-        going = {}            # sequence -> token to decode next
-        for i, tok in sampled.items():
-            if model.is_eog(tok) and not params.ignore_eos:
-                runs[i].finish_reason, runs[i].t_end = "stop", time.perf_counter()
-                continue
-            runs[i].tokens.append(tok)
-            if len(runs[i].tokens) >= max_tokens or pos[i] >= budget:
-                ended[i] = "length"
-            else:
-                going[i] = tok
-        order = sorted(going)
-        cancelled = self._cancel
-        if order and not cancelled:
-            try:
-                ctx.decode_multi([going[i] for i in order], [pos[i] for i in order], order,
-                                 [True] * len(order))
-            except core.Cancelled:
-                cancelled = True
-            for i in order:
-                pos[i] += 1
-        rows = {i: b for b, i in enumerate(order)}
-        for i, tok in sampled.items():
-            if runs[i].t_end is not None:
-                continue       # ended on an end-of-generation token: no text
-            asms[i].feed(piece(tok))
-            if asms[i].stopped:
-                ended[i] = "stop"
-                rows.pop(i, None)
-            if i in ended:
-                runs[i].finish_reason, runs[i].t_end = ended[i], time.perf_counter()
-        if cancelled:
-            for i in rows:
-                runs[i].finish_reason, runs[i].t_end = "cancelled", time.perf_counter()
-            return {}
-        return rows
+            for i, p in enumerate(prompts):
+                reqs.append(self._submit(p, params, truncate, limit=limit, seed_offset=i))
+            return [r.result() for r in reqs]
+        except BaseException:
+            for r in reqs:
+                r.cancel()
+            raise
 
     # ---- chat ---------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
@@ -983,12 +715,11 @@ class LLM:
             p = SamplingParams.from_kwargs(params, stop=stops, grammar=None, json_schema=None)
             lazy = chat["grammar_triggers"] if chat["grammar_lazy"] else None
             prefill = self._generation_prompt_tokens(chat) if chat["grammar"] and not lazy else ()
-            if stream:
-                return self._stream_one(chat["prompt"], p, False, grammar, lazy, prefill=prefill)
-            holder: list[GenerationResult] = []
-            for _ in self._stream_one(chat["prompt"], p, False, grammar, lazy, holder=holder, prefill=prefill):
-                pass
-            res = holder[0]
+            req = self._submit(chat["prompt"], p, False, grammar=grammar, lazy_patterns=lazy, prefill=prefill)
+        if stream:
+            return req.text_stream()
+        res = req.result()
+        with self._lock:
             try:
                 res.message = core.parse_chat_reply(chat["format"], chat["generation_prompt"],
                                                     chat["parser"], res.text)

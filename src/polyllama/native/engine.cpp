@@ -1,0 +1,1129 @@
+// The sequence engine (engine.h says what it does and why it is shaped this way).
+#include "engine.h"
+
+#include "polyllama_native.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <functional>
+#include <limits>
+
+namespace polyllama {
+
+namespace {
+
+double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// ---- UTF-8: whole characters out, invalid bytes as U+FFFD --------------------------------
+// Python's decoder with errors="replace" gives one U+FFFD per maximal invalid subpart; this
+// does the same, so text made here equals what bytes.decode("utf-8", "replace") makes.
+const char kReplacement[] = "\xEF\xBF\xBD";
+
+// Appends the complete characters of `in` (with `partial` in front) to `out`; what could
+// still become a character stays in `partial` unless `final`.
+void utf8_feed(std::string & partial, const char * in, size_t n, std::string & out, bool final) {
+    partial.append(in, n);
+    const auto * s = reinterpret_cast<const unsigned char *>(partial.data());
+    const size_t len = partial.size();
+    size_t i = 0;
+    while (i < len) {
+        const unsigned char b = s[i];
+        if (b < 0x80) {
+            out.push_back(static_cast<char>(b));
+            i++;
+            continue;
+        }
+        int need;
+        unsigned char lo = 0x80, hi = 0xBF;   // range of the first continuation byte
+        if (b >= 0xC2 && b <= 0xDF) {
+            need = 1;
+        } else if (b == 0xE0) {
+            need = 2; lo = 0xA0;
+        } else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) {
+            need = 2;
+        } else if (b == 0xED) {
+            need = 2; hi = 0x9F;
+        } else if (b == 0xF0) {
+            need = 3; lo = 0x90;
+        } else if (b >= 0xF1 && b <= 0xF3) {
+            need = 3;
+        } else if (b == 0xF4) {
+            need = 3; hi = 0x8F;
+        } else {
+            out.append(kReplacement);
+            i++;
+            continue;
+        }
+        size_t k = 1;
+        bool bad = false;
+        for (; k <= static_cast<size_t>(need); k++) {
+            if (i + k >= len) {
+                break;   // incomplete so far
+            }
+            const unsigned char c = s[i + k];
+            const unsigned char l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xBF;
+            if (c < l || c > h) {
+                bad = true;
+                break;
+            }
+        }
+        if (bad) {
+            out.append(kReplacement);   // the maximal subpart s[i, i+k)
+            i += k;
+            continue;
+        }
+        if (k <= static_cast<size_t>(need)) {   // ran out of bytes
+            if (final) {
+                out.append(kReplacement);
+                i = len;
+            }
+            break;
+        }
+        out.append(partial, i, need + 1);
+        i += need + 1;
+    }
+    partial.erase(0, i);
+}
+
+}  // namespace
+
+// ---- the objects ----------------------------------------------------------------------
+struct engine::slot {
+    int      id = 0;
+    int64_t  owner = 0;                     // request id in this slot, 0: idle
+    std::vector<llama_token> cells;         // what the KV cache holds for this sequence id
+    uint64_t last_used = 0;
+};
+
+struct engine::sequence {
+    int64_t id = 0;
+    request_params p;
+    enum { QUEUED, PREFILL, GENERATING, DONE } state = QUEUED;
+    int      slot = -1;
+    int32_t  reserved = 0;                  // most cells this sequence will hold
+    int32_t  pos = 0;                       // tokens in the KV cache (next position)
+    int32_t  logits_row = -1;               // batch row of its logits after the last decode
+    bool     cancel = false;                // under mu_
+    bool     released = false;              // under mu_: nobody will read the output
+    std::vector<llama_token> generated;
+
+    // this step's sample (set by sample_one, read by the stepper)
+    llama_token token = -1;
+    std::vector<std::pair<llama_token, float>> top;
+    int      sample_error = ERROR_NONE;
+    std::string sample_error_text;
+    std::vector<llama_token_data> cur;      // candidate scratch for sampler chains
+
+    // text
+    std::string utf8_partial;
+    std::string text;                       // valid UTF-8, cut at a stop string
+    size_t   released_text = 0;             // bytes of `text` moved to `out`
+    bool     stopped = false;
+    size_t   max_stop = 0;
+
+    request_output out;                     // under mu_: what the consumer has not taken
+    bool     news = false;                  // under mu_
+
+    ~sequence() {
+        if (p.sampler != nullptr) {
+            llama_sampler_free(p.sampler);   // handed over by submit()
+        }
+    }
+};
+
+struct engine::pool {
+    std::vector<std::thread> threads;
+    std::mutex m;
+    std::condition_variable cv, done;
+    const std::function<void(int)> * job = nullptr;
+    int n = 0;
+    std::atomic<int> next{0};
+    int running = 0;
+    uint64_t generation = 0;
+    bool quit = false;
+
+    explicit pool(int n_threads) {
+        for (int t = 0; t < n_threads; t++) {
+            threads.emplace_back([this] { loop(); });
+        }
+    }
+    ~pool() {
+        {
+            std::lock_guard<std::mutex> lk(m);
+            quit = true;
+        }
+        cv.notify_all();
+        for (auto & t : threads) {
+            t.join();
+        }
+    }
+    void loop() {
+        uint64_t seen = 0;
+        for (;;) {
+            const std::function<void(int)> * f;
+            int count;
+            {
+                std::unique_lock<std::mutex> lk(m);
+                cv.wait(lk, [&] { return quit || generation != seen; });
+                if (quit) {
+                    return;
+                }
+                seen = generation;
+                f = job;
+                count = n;
+                running++;
+            }
+            for (int i; (i = next.fetch_add(1)) < count;) {
+                (*f)(i);
+            }
+            {
+                std::lock_guard<std::mutex> lk(m);
+                running--;
+            }
+            done.notify_all();
+        }
+    }
+    // f(0..count-1) on the workers and the calling thread
+    void run(int count, const std::function<void(int)> & f) {
+        {
+            std::lock_guard<std::mutex> lk(m);
+            job = &f;
+            n = count;
+            next = 0;
+            generation++;
+        }
+        cv.notify_all();
+        for (int i; (i = next.fetch_add(1)) < count;) {
+            f(i);
+        }
+        std::unique_lock<std::mutex> lk(m);
+        done.wait(lk, [&] { return running == 0 && next.load() >= count; });
+        job = nullptr;
+    }
+};
+
+// ---- construction ---------------------------------------------------------------------
+engine::engine(llama_context * ctx, const llama_model * model, remote_worker * worker, double timeout_s,
+               int sample_threads)
+    : ctx_(ctx), model_(model), vocab_(llama_model_get_vocab(model)), worker_(worker),
+      timeout_s_(timeout_s) {
+    n_slots_   = std::max<int>(1, llama_n_seq_max(ctx));
+    n_vocab_   = llama_vocab_n_tokens(vocab_);
+    n_ctx_     = llama_n_ctx(ctx);
+    n_ctx_seq_ = llama_n_ctx_seq(ctx);
+    n_ubatch_  = std::max<int>(1, llama_n_ubatch(ctx));
+    unified_   = n_ctx_seq_ == n_ctx_ && n_slots_ >= 1;
+    // recurrent / hybrid memories cannot drop a tail or share a prefix of a sequence
+    can_shift_prefix_ = !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model);
+    batch_cap_ = std::max<int>(n_slots_, static_cast<int>(llama_n_batch(ctx)));
+    batch_     = llama_batch_init(batch_cap_, 0, 1);
+    slots_.resize(n_slots_);
+    for (int i = 0; i < n_slots_; i++) {
+        slots_[i].id = i;
+    }
+    sample_threads_ = std::max(1, sample_threads);
+    if (sample_threads_ > 1) {
+        pool_ = std::make_unique<pool>(sample_threads_ - 1);
+    }
+}
+
+engine::~engine() {
+    shutdown();
+    {
+        // every thread in wait() / step() has been woken by shutdown(): let them leave
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return inside_ == 0; });
+    }
+    pool_.reset();
+    if (!lost_) {
+        llama_batch_free(batch_);   // else a thread blocked on a lost RPC server still reads it
+    }
+}
+
+// ---- requests -------------------------------------------------------------------------
+int64_t engine::submit(request_params & params) {
+    auto s = std::make_unique<sequence>();
+    s->p = std::move(params);
+    s->out.n_prompt = static_cast<int32_t>(s->p.prompt.size());
+    s->out.t_submit = now_s();
+    for (const auto & stop : s->p.stops) {
+        s->max_stop = std::max(s->max_stop, stop.size());
+    }
+    int64_t id;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        id = next_id_++;
+        s->id = id;
+        if (closed_) {
+            s->state = sequence::DONE;
+            s->out.finish = FINISH_ERROR;
+            s->out.error_kind = ERROR_CLOSED;
+            s->out.error = lost_ ? "the engine lost its connection to an RPC server" : "the engine is closed";
+            s->news = true;
+        } else {
+            queue_.push_back(id);
+        }
+        requests_[id] = std::move(s);
+    }
+    cv_.notify_all();
+    return id;
+}
+
+void engine::cancel(int64_t id) {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        auto it = requests_.find(id);
+        if (it == requests_.end()) {
+            return;
+        }
+        it->second->cancel = true;
+    }
+    cv_.notify_all();
+}
+
+void engine::cancel_all() {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (auto & kv : requests_) {
+            kv.second->cancel = true;
+        }
+    }
+    cv_.notify_all();
+}
+
+void engine::release(int64_t id) {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        auto it = requests_.find(id);
+        if (it == requests_.end()) {
+            return;
+        }
+        if (it->second->state == sequence::DONE) {
+            requests_.erase(it);
+        } else {
+            it->second->cancel = true;
+            it->second->released = true;   // erased by the step that finishes it
+        }
+    }
+    cv_.notify_all();
+}
+
+static void move_output(request_output & from, request_output & to) {
+    to.text += from.text;
+    from.text.clear();
+    to.tokens.insert(to.tokens.end(), from.tokens.begin(), from.tokens.end());
+    from.tokens.clear();
+    for (auto & lp : from.logprobs) {
+        to.logprobs.push_back(std::move(lp));
+    }
+    from.logprobs.clear();
+    if (!from.logits.empty()) {
+        to.logits = std::move(from.logits);
+        from.logits.clear();
+    }
+    to.finish = from.finish;
+    to.error_kind = from.error_kind;
+    to.error_code = from.error_code;
+    to.error = from.error;
+    to.n_prompt = from.n_prompt;
+    to.n_reused = from.n_reused;
+    to.n_generated = from.n_generated;
+    to.t_submit = from.t_submit;
+    to.t_start = from.t_start;
+    to.t_first = from.t_first;
+    to.t_end = from.t_end;
+}
+
+int engine::take(int64_t id, request_output & out) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = requests_.find(id);
+    if (it == requests_.end()) {
+        return -1;
+    }
+    sequence & s = *it->second;
+    move_output(s.out, out);
+    const bool had = s.news;
+    s.news = false;
+    return had ? 1 : 0;
+}
+
+int engine::wait(int64_t id, bool until_finished, double timeout_s, request_output & out) {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(std::max(0.0, timeout_s)));
+    std::unique_lock<std::mutex> lk(mu_);
+    inside_++;
+    struct leave {
+        engine * e;
+        ~leave() { e->inside_--; e->cv_.notify_all(); }
+    } on_exit{this};   // runs with mu_ held (lk is destroyed after it)
+    for (;;) {
+        auto it = requests_.find(id);
+        if (it == requests_.end()) {
+            return -1;
+        }
+        sequence & s = *it->second;
+        const bool done = s.state == sequence::DONE;
+        if (done || (!until_finished && s.news)) {
+            move_output(s.out, out);
+            s.news = false;
+            return 1;
+        }
+        if (!stepping_ && !closed_) {
+            // nobody is stepping: lead for one step, then look again
+            stepping_ = true;
+            lk.unlock();
+            std::vector<int64_t> changed;
+            int64_t decoded = 0;
+            {
+                std::lock_guard<std::mutex> sl(step_mu_);
+                const int64_t before = stats_.tokens_decoded;
+                try {
+                    step_locked(changed);
+                } catch (...) {
+                    // step_locked reports through the requests; nothing should get here
+                }
+                decoded = stats_.tokens_decoded - before;
+            }
+            lk.lock();
+            stepping_ = false;
+            cv_.notify_all();
+            if (std::chrono::steady_clock::now() >= deadline) {
+                return 0;   // let the caller look at its signals between steps
+            }
+            if (decoded == 0 && changed.empty()) {
+                // nothing could move (e.g. waiting for KV room another consumer's release
+                // frees): do not spin
+                if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
+                    return 0;
+                }
+            }
+            continue;
+        }
+        if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
+            return 0;
+        }
+    }
+}
+
+// ---- driving --------------------------------------------------------------------------
+int engine::step(std::vector<int64_t> & changed) {
+    {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return !stepping_ || closed_; });
+        if (closed_) {
+            return 0;
+        }
+        stepping_ = true;
+        inside_++;
+    }
+    int n = 0;
+    {
+        std::lock_guard<std::mutex> sl(step_mu_);
+        try {
+            n = step_locked(changed);
+        } catch (...) {
+        }
+    }
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        stepping_ = false;
+        inside_--;
+    }
+    cv_.notify_all();
+    return n;
+}
+
+bool engine::wait_for_work(double timeout_s) {
+    std::unique_lock<std::mutex> lk(mu_);
+    auto has_work = [&] {
+        if (closed_ || !queue_.empty()) {
+            return true;
+        }
+        for (const auto & sl : slots_) {
+            if (sl.owner) {
+                return true;
+            }
+        }
+        return false;
+    };
+    cv_.wait_for(lk, std::chrono::duration<double>(std::max(0.0, timeout_s)), has_work);
+    return has_work() && !closed_;
+}
+
+void engine::shutdown() {
+    std::vector<int64_t> changed;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!closed_) {
+            closed_ = true;
+            for (auto & kv : requests_) {
+                sequence & s = *kv.second;
+                if (s.state != sequence::DONE) {
+                    s.cancel = true;
+                }
+            }
+        }
+    }
+    cv_.notify_all();
+    // the next step (or this one, if nobody steps) finishes them
+    std::lock_guard<std::mutex> sl(step_mu_);
+    std::lock_guard<std::mutex> lk(mu_);
+    queue_.clear();
+    for (auto & kv : requests_) {
+        sequence & s = *kv.second;
+        if (s.state != sequence::DONE) {
+            if (s.slot >= 0) {
+                slots_[s.slot].owner = 0;
+                s.slot = -1;
+            }
+            s.state = sequence::DONE;
+            s.out.finish = FINISH_ERROR;
+            s.out.error_kind = ERROR_CLOSED;
+            s.out.error = lost_ ? "the engine lost its connection to an RPC server" : "the engine is closed";
+            s.out.t_end = now_s();
+            s.news = true;
+        }
+    }
+    cv_.notify_all();
+}
+
+// ---- the step -------------------------------------------------------------------------
+void engine::finish(sequence & s, int reason, int kind, const std::string & err, int code) {
+    // caller holds mu_
+    if (s.state == sequence::DONE) {
+        return;
+    }
+    if (reason != FINISH_ERROR && !s.stopped) {
+        std::string tail;
+        utf8_feed(s.utf8_partial, "", 0, tail, /*final=*/true);
+        s.text += tail;
+    }
+    if (s.released_text < s.text.size()) {
+        s.out.text.append(s.text, s.released_text, std::string::npos);
+        s.released_text = s.text.size();
+    }
+    s.out.finish = reason;
+    s.out.error_kind = kind;
+    s.out.error_code = code;
+    s.out.error = err;
+    s.out.n_generated = static_cast<int32_t>(s.generated.size());
+    s.out.t_end = now_s();
+    if (s.out.t_first == 0) {
+        s.out.t_first = s.out.t_end;
+    }
+    s.state = sequence::DONE;
+    s.news = true;
+    if (s.slot >= 0) {
+        slot & sl = slots_[s.slot];
+        sl.owner = 0;
+        sl.last_used = ++clock_;
+        s.slot = -1;
+    }
+}
+
+void engine::free_slot(slot & sl) {
+    llama_memory_seq_rm(llama_get_memory(ctx_), sl.id, -1, -1);
+    sl.cells.clear();
+}
+
+int engine::kv_used_locked() const {
+    int used = 0;
+    for (const auto & sl : slots_) {
+        int n = static_cast<int>(sl.cells.size());
+        if (sl.owner) {
+            auto it = requests_.find(sl.owner);
+            if (it != requests_.end()) {
+                n = std::max(n, it->second->reserved);
+            }
+        }
+        used += n;
+    }
+    return used;
+}
+
+void engine::evict_one_idle(int except) {
+    int victim = -1;
+    for (const auto & sl : slots_) {
+        if (!sl.owner && sl.id != except && !sl.cells.empty() &&
+            (victim < 0 || sl.last_used < slots_[victim].last_used)) {
+            victim = sl.id;
+        }
+    }
+    if (victim >= 0) {
+        free_slot(slots_[victim]);
+    }
+}
+
+static size_t common_prefix(const std::vector<llama_token> & a, const std::vector<llama_token> & b, size_t cap) {
+    const size_t n = std::min({a.size(), b.size(), cap});
+    size_t i = 0;
+    while (i < n && a[i] == b[i]) {
+        i++;
+    }
+    return i;
+}
+
+// Puts a queued sequence into a slot, reusing the longest cached prefix. Returns false when
+// no slot is idle or the KV cache cannot hold what it reserves (it stays queued).
+bool engine::place(sequence & s, std::vector<int64_t> & changed) {
+    const auto & prompt = s.p.prompt;
+    const size_t cap = prompt.size() - 1;   // the last prompt token is always decoded (its logits)
+    int target = -1;
+    size_t target_lcp = 0;
+    for (const auto & sl : slots_) {
+        if (sl.owner) {
+            continue;
+        }
+        const size_t l = can_shift_prefix_ || sl.cells.empty() ? common_prefix(sl.cells, prompt, cap) : 0;
+        if (target < 0 || l > target_lcp ||
+            (l == target_lcp && (sl.cells.empty() != slots_[target].cells.empty()
+                                     ? sl.cells.empty()      // an empty slot before a cached one
+                                     : sl.last_used < slots_[target].last_used))) {
+            target = sl.id;
+            target_lcp = l;
+        }
+    }
+    if (target < 0) {
+        return false;
+    }
+    // a longer prefix in another slot (a common system prompt of a running request)
+    int source = -1;
+    size_t source_lcp = 0;
+    if (unified_ && can_shift_prefix_) {
+        for (const auto & sl : slots_) {
+            if (sl.id == target) {
+                continue;
+            }
+            const size_t l = common_prefix(sl.cells, prompt, cap);
+            if (l > source_lcp) {
+                source = sl.id;
+                source_lcp = l;
+            }
+        }
+        if (source_lcp < target_lcp + 16) {   // not worth a copy
+            source = -1;
+        }
+    }
+    const int limit = s.p.limit > 0 ? std::min(s.p.limit, n_ctx_seq_) : n_ctx_seq_;
+    const int64_t want = s.p.max_tokens < 0 ? static_cast<int64_t>(limit)
+                                            : static_cast<int64_t>(prompt.size()) + s.p.max_tokens;
+    s.reserved = static_cast<int32_t>(std::min<int64_t>(limit, want));
+    if (unified_) {
+        auto fits = [&] {
+            return kv_used_locked() - static_cast<int>(slots_[target].cells.size()) + s.reserved <= n_ctx_;
+        };
+        while (!fits()) {
+            int before = kv_used_locked();
+            // evict the least recently used idle slot that is neither target nor source
+            int victim = -1;
+            for (const auto & sl : slots_) {
+                if (!sl.owner && sl.id != target && sl.id != source && !sl.cells.empty() &&
+                    (victim < 0 || sl.last_used < slots_[victim].last_used)) {
+                    victim = sl.id;
+                }
+            }
+            if (victim < 0) {
+                break;
+            }
+            free_slot(slots_[victim]);
+            if (kv_used_locked() >= before) {
+                break;
+            }
+        }
+        if (!fits()) {
+            return false;
+        }
+    }
+    llama_memory_t mem = llama_get_memory(ctx_);
+    slot & sl = slots_[target];
+    size_t reuse = target_lcp;
+    if (source >= 0) {
+        free_slot(sl);
+        llama_memory_seq_cp(mem, source, sl.id, 0, static_cast<llama_pos>(source_lcp));
+        sl.cells.assign(prompt.begin(), prompt.begin() + source_lcp);
+        reuse = source_lcp;
+    } else if (reuse < sl.cells.size()) {
+        if (!llama_memory_seq_rm(mem, sl.id, static_cast<llama_pos>(reuse), -1)) {
+            free_slot(sl);
+            reuse = 0;
+        }
+        sl.cells.resize(reuse);
+    }
+    if (reuse == 0 && !sl.cells.empty()) {
+        free_slot(sl);
+    }
+    sl.owner = s.id;
+    sl.last_used = ++clock_;
+    s.slot = sl.id;
+    s.pos = static_cast<int32_t>(reuse);
+    s.state = sequence::PREFILL;
+    s.out.n_reused = static_cast<int32_t>(reuse);
+    s.out.t_start = now_s();
+    stats_.prompt_tokens_reused += static_cast<int64_t>(reuse);
+    changed.push_back(s.id);
+    return true;
+}
+
+void engine::admit_locked(std::vector<int64_t> & changed) {
+    // cancelled ones leave the queue first; then first come, first placed
+    for (auto it = queue_.begin(); it != queue_.end();) {
+        auto rq = requests_.find(*it);
+        if (rq == requests_.end()) {
+            it = queue_.erase(it);
+            continue;
+        }
+        if (rq->second->cancel) {
+            finish(*rq->second, FINISH_CANCELLED);
+            changed.push_back(rq->first);
+            it = queue_.erase(it);
+            continue;
+        }
+        ++it;
+    }
+    while (!queue_.empty()) {
+        auto rq = requests_.find(queue_.front());
+        if (!place(*rq->second, changed)) {
+            break;
+        }
+        queue_.pop_front();
+    }
+}
+
+void engine::sample_one(sequence & s) {
+    s.sample_error = ERROR_NONE;
+    s.top.clear();
+    float * logits = llama_get_logits_ith(ctx_, s.logits_row);
+    if (logits == nullptr) {
+        s.sample_error = ERROR_DECODE;
+        s.sample_error_text = "llama.cpp returned no logits for the sequence";
+        return;
+    }
+    if (s.p.n_probs > 0) {
+        // log-softmax of the raw logits: the top n before any sampling stage
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int i = 0; i < n_vocab_; i++) {
+            mx = std::max(mx, logits[i]);
+        }
+        double total = 0.0;
+        for (int i = 0; i < n_vocab_; i++) {
+            total += std::exp(static_cast<double>(logits[i]) - mx);
+        }
+        const double lse = mx + std::log(total);
+        const int n = std::min(s.p.n_probs, n_vocab_);
+        std::vector<int> best;
+        best.reserve(n + 1);
+        for (int i = 0; i < n_vocab_; i++) {
+            if (static_cast<int>(best.size()) < n || logits[i] > logits[best.back()]) {
+                auto pos = std::upper_bound(best.begin(), best.end(), i, [&](int a, int b) {
+                    return logits[a] > logits[b];
+                });
+                best.insert(pos, i);
+                if (static_cast<int>(best.size()) > n) {
+                    best.pop_back();
+                }
+            }
+        }
+        for (int t : best) {
+            s.top.emplace_back(t, static_cast<float>(logits[t] - lse));
+        }
+    }
+    if (s.p.greedy || s.p.sampler == nullptr) {
+        s.token = argmax_f32(logits, n_vocab_, s.p.banned);
+        return;
+    }
+    // llama_sampler_sample's steps, with a check between apply and accept: a grammar that
+    // allows no token (all of them banned by logit bias, or none allowed at all) leaves only
+    // -inf candidates, and accepting one of those aborts inside llama-grammar
+    s.cur.resize(n_vocab_);
+    for (int i = 0; i < n_vocab_; i++) {
+        s.cur[i] = llama_token_data{i, logits[i], 0.0f};
+    }
+    llama_token_data_array arr{s.cur.data(), s.cur.size(), -1, false};
+    try {
+        llama_sampler_apply(s.p.sampler, &arr);
+        if (arr.selected < 0 || arr.selected >= static_cast<int64_t>(arr.size) ||
+            !(arr.data[arr.selected].logit > -std::numeric_limits<float>::infinity())) {
+            s.sample_error = ERROR_GRAMMAR;
+            s.sample_error_text = "no token is possible here: the grammar allows none that the other "
+                                  "sampling settings (logit_bias, ...) leave";
+            return;
+        }
+        s.token = arr.data[arr.selected].id;
+        llama_sampler_accept(s.p.sampler, s.token);
+    } catch (const std::exception & e) {
+        s.sample_error = ERROR_GRAMMAR;
+        s.sample_error_text = std::string("the grammar rejected the sampled token: ") + e.what();
+    } catch (...) {
+        s.sample_error = ERROR_GRAMMAR;
+        s.sample_error_text = "the sampler failed";
+    }
+}
+
+void engine::sample_all(std::vector<sequence *> & ready) {
+    if (ready.empty()) {
+        return;
+    }
+    // one synchronize for everybody, in this thread (llama_get_logits_ith synchronizes the
+    // context too, and that is not safe from several threads at once)
+    const double t0 = now_s();
+    llama_synchronize(ctx_);
+    stats_.decode_seconds += now_s() - t0;
+    const bool parallel = pool_ && ready.size() >= 4;
+    if (!parallel) {
+        for (auto * s : ready) {
+            sample_one(*s);
+        }
+        return;
+    }
+    // logits rows are looked up here, once (llama_get_logits_ith is not free of side effects)
+    std::function<void(int)> job = [&](int i) { sample_one(*ready[i]); };
+    pool_->run(static_cast<int>(ready.size()), job);
+}
+
+int engine::decode(llama_batch & batch, std::string & err) {
+    if (worker_ != nullptr) {
+        int32_t rc = -1;
+        const int status = remote_decode(worker_, ctx_, batch, &rc, timeout_s_, err);
+        if (status != REMOTE_OK) {
+            lost_ = status == REMOTE_LOST || status == REMOTE_TIMEOUT;
+            return -1000 - status;
+        }
+        return rc;
+    }
+    try {
+        return llama_decode(ctx_, batch);
+    } catch (const std::exception & e) {
+        err = e.what();
+        return -1;
+    }
+}
+
+void engine::fail_all(int kind, const std::string & msg, int code, std::vector<int64_t> & changed) {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto & kv : requests_) {
+        if (kv.second->state != sequence::DONE) {
+            finish(*kv.second, FINISH_ERROR, kind, msg, code);
+            changed.push_back(kv.first);
+        }
+    }
+    queue_.clear();
+}
+
+int engine::step_locked(std::vector<int64_t> & changed) {
+    const double t0 = now_s();
+    const int live = step_body(changed);
+    stats_.step_seconds += now_s() - t0;
+    return live;
+}
+
+int engine::step_body(std::vector<int64_t> & changed) {
+    std::vector<sequence *> active;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (closed_) {
+            return 0;
+        }
+        for (auto & sl : slots_) {
+            if (!sl.owner) {
+                continue;
+            }
+            auto it = requests_.find(sl.owner);
+            if (it == requests_.end()) {
+                sl.owner = 0;
+                continue;
+            }
+            if (it->second->cancel) {
+                finish(*it->second, FINISH_CANCELLED);
+                changed.push_back(it->first);
+            }
+        }
+        admit_locked(changed);
+        for (auto & kv : requests_) {
+            if (kv.second->state == sequence::PREFILL || kv.second->state == sequence::GENERATING) {
+                active.push_back(kv.second.get());
+            }
+        }
+    }
+    stats_.steps++;
+
+    // 1. sample every sequence whose logits the last decode made
+    std::vector<sequence *> ready;
+    for (auto * s : active) {
+        if (s->state != sequence::GENERATING || s->logits_row < 0) {
+            continue;
+        }
+        if (s->p.logits_only) {
+            const double t0 = now_s();
+            llama_synchronize(ctx_);
+            stats_.decode_seconds += now_s() - t0;
+            const float * row = llama_get_logits_ith(ctx_, s->logits_row);
+            std::lock_guard<std::mutex> lk(mu_);
+            s->logits_row = -1;
+            if (row == nullptr) {
+                finish(*s, FINISH_ERROR, ERROR_DECODE, "llama.cpp returned no logits for the prompt");
+            } else {
+                s->out.logits.assign(row, row + n_vocab_);
+                finish(*s, FINISH_LENGTH);
+            }
+            changed.push_back(s->id);
+            continue;
+        }
+        ready.push_back(s);
+    }
+    sample_all(ready);
+    const double t_sampled = now_s();
+
+    // what each sampled token means: end, last token, or one more to decode
+    enum { GOES_ON, ENDS_EOG, ENDS_LENGTH, ENDS_ERROR };
+    std::vector<int> fate(ready.size(), GOES_ON);
+    for (size_t i = 0; i < ready.size(); i++) {
+        sequence & s = *ready[i];
+        s.logits_row = -1;
+        if (s.sample_error != ERROR_NONE) {
+            fate[i] = ENDS_ERROR;
+            continue;
+        }
+        const bool eog = llama_vocab_is_eog(vocab_, s.token);
+        if (eog && !s.p.ignore_eos) {
+            fate[i] = ENDS_EOG;
+            continue;
+        }
+        s.generated.push_back(s.token);
+        const int limit = s.p.limit > 0 ? std::min(s.p.limit, n_ctx_seq_) : n_ctx_seq_;
+        if ((s.p.max_tokens >= 0 && static_cast<int>(s.generated.size()) >= s.p.max_tokens) || s.pos >= limit) {
+            fate[i] = ENDS_LENGTH;
+        }
+    }
+
+    // 2. one batch: the sampled tokens that go on, then chunks of prompts being read
+    int n = 0;
+    std::vector<std::pair<sequence *, int>> in_batch;   // sequence, tokens it has in the batch
+    for (size_t i = 0; i < ready.size(); i++) {
+        if (fate[i] != GOES_ON) {
+            continue;
+        }
+        sequence & s = *ready[i];
+        batch_.token[n] = s.token;
+        batch_.pos[n] = s.pos;
+        batch_.n_seq_id[n] = 1;
+        batch_.seq_id[n][0] = s.slot;
+        batch_.logits[n] = true;
+        s.logits_row = n;
+        in_batch.emplace_back(&s, 1);
+        n++;
+    }
+    // prompts: up to one micro-batch of them per step, at least a few tokens even when the
+    // running sequences fill the micro-batch, so a new prompt always moves on
+    int budget = std::max(n_ubatch_ - n, std::min(n_ubatch_, 32));
+    budget = std::min(budget, batch_cap_ - n);
+    for (auto * sp : active) {
+        if (budget <= 0) {
+            break;
+        }
+        sequence & s = *sp;
+        if (s.state != sequence::PREFILL) {
+            continue;
+        }
+        const int left = static_cast<int>(s.p.prompt.size()) - s.pos;
+        const int k = std::min(left, budget);
+        for (int j = 0; j < k; j++) {
+            batch_.token[n] = s.p.prompt[s.pos + j];
+            batch_.pos[n] = s.pos + j;
+            batch_.n_seq_id[n] = 1;
+            batch_.seq_id[n][0] = s.slot;
+            batch_.logits[n] = (j == k - 1 && k == left);
+            n++;
+        }
+        s.logits_row = k == left ? n - 1 : -1;
+        in_batch.emplace_back(&s, k);
+        budget -= k;
+    }
+
+    int rc = 0;
+    std::string err;
+    if (n > 0) {
+        batch_.n_tokens = n;
+        const double t0 = now_s();
+        rc = decode(batch_, err);
+        stats_.decode_seconds += now_s() - t0;
+        if (rc == 1) {
+            // no room in the KV cache (the engine's count is conservative, so this means
+            // cells it did not count): drop every cached prefix and try once more
+            std::lock_guard<std::mutex> lk(mu_);
+            for (auto & sl : slots_) {
+                if (!sl.owner && !sl.cells.empty()) {
+                    free_slot(sl);
+                }
+            }
+            rc = decode(batch_, err);
+        }
+    }
+    if (rc <= -1000) {
+        fail_all(ERROR_REMOTE, err, -1000 - rc, changed);
+        std::lock_guard<std::mutex> lk(mu_);
+        closed_ = true;
+        cv_.notify_all();
+        return 0;
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    if (rc != 0) {
+        // nothing of this batch is trusted: the sequences in it end, and their slots forget
+        // what they held
+        const int kind = rc == 1 ? ERROR_CONTEXT : ERROR_DECODE;
+        const std::string msg = rc == 1
+            ? "the KV cache is full (use a larger n_ctx or fewer parallel sequences)"
+            : "llama_decode failed with code " + std::to_string(rc) + (err.empty() ? "" : ": " + err);
+        for (auto & e : in_batch) {
+            sequence & s = *e.first;
+            if (s.slot >= 0) {
+                free_slot(slots_[s.slot]);
+            }
+            s.logits_row = -1;
+            finish(s, FINISH_ERROR, kind, msg, rc);
+            changed.push_back(s.id);
+        }
+    } else {
+        stats_.tokens_decoded += n;
+        for (auto & e : in_batch) {
+            sequence & s = *e.first;
+            slot & sl = slots_[s.slot];
+            if (s.state == sequence::GENERATING) {
+                sl.cells.push_back(s.token);
+                s.pos++;
+            } else {
+                sl.cells.insert(sl.cells.end(), s.p.prompt.begin() + s.pos, s.p.prompt.begin() + s.pos + e.second);
+                s.pos += e.second;
+                if (s.pos == static_cast<int32_t>(s.p.prompt.size())) {
+                    s.state = sequence::GENERATING;   // its logits row is set
+                }
+            }
+        }
+    }
+
+    // 3. text of the sampled tokens (on a GPU, while the device computes the batch above)
+    char buf[256];
+    for (size_t i = 0; i < ready.size(); i++) {
+        sequence & s = *ready[i];
+        if (s.state == sequence::DONE) {
+            continue;   // its decode failed above
+        }
+        if (s.out.t_first == 0) {
+            s.out.t_first = t_sampled;
+        }
+        if (fate[i] == ENDS_ERROR) {
+            finish(s, FINISH_ERROR, s.sample_error, s.sample_error_text);
+            changed.push_back(s.id);
+            continue;
+        }
+        if (s.p.n_probs > 0) {
+            s.out.logprobs.push_back(s.top);
+        }
+        if (fate[i] == ENDS_EOG) {
+            finish(s, FINISH_STOP);
+            changed.push_back(s.id);
+            continue;
+        }
+        stats_.tokens_generated++;
+        s.out.tokens.push_back(s.token);
+        int32_t len = llama_token_to_piece(vocab_, s.token, buf, sizeof(buf), 0, false);
+        std::string big;
+        const char * piece = buf;
+        if (len < 0) {
+            big.resize(-len);
+            len = llama_token_to_piece(vocab_, s.token, &big[0], static_cast<int32_t>(big.size()), 0, false);
+            piece = big.data();
+        }
+        const size_t before = s.text.size();
+        utf8_feed(s.utf8_partial, piece, std::max(0, len), s.text, false);
+        if (!s.p.stops.empty() && s.text.size() > before) {
+            const size_t from = before >= s.max_stop ? before - s.max_stop + 1 : 0;
+            size_t cut = std::string::npos;
+            for (const auto & stop : s.p.stops) {
+                const size_t at = s.text.find(stop, from);
+                if (at != std::string::npos && at < cut) {
+                    cut = at;
+                }
+            }
+            if (cut != std::string::npos) {
+                s.text.resize(cut);
+                s.stopped = true;
+            }
+        }
+        size_t safe = s.text.size();
+        if (!s.stopped) {
+            // hold back the longest tail that could still become a stop string
+            size_t held = 0;
+            for (const auto & stop : s.p.stops) {
+                for (size_t k = std::min(stop.size() - 1, s.text.size()); k > held; k--) {
+                    if (s.text.compare(s.text.size() - k, k, stop, 0, k) == 0) {
+                        held = k;
+                        break;
+                    }
+                }
+            }
+            safe -= held;
+        }
+        if (safe > s.released_text) {
+            s.out.text.append(s.text, s.released_text, safe - s.released_text);
+            s.released_text = safe;
+        }
+        s.out.n_generated = static_cast<int32_t>(s.generated.size());
+        s.news = true;
+        changed.push_back(s.id);
+        if (s.stopped) {
+            finish(s, FINISH_STOP);
+        } else if (fate[i] == ENDS_LENGTH) {
+            finish(s, FINISH_LENGTH);
+        }
+    }
+    // requests whose consumer is gone are forgotten once done
+    for (auto it = requests_.begin(); it != requests_.end();) {
+        if (it->second->released && it->second->state == sequence::DONE) {
+            it = requests_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    int live = static_cast<int>(queue_.size());
+    for (const auto & sl : slots_) {
+        live += sl.owner ? 1 : 0;
+    }
+    return live;
+}
+
+// ---- jobs -----------------------------------------------------------------------------
+void engine::clear_cache() {
+    std::lock_guard<std::mutex> sl(step_mu_);
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto & s : slots_) {
+        if (!s.owner) {
+            free_slot(s);
+        }
+    }
+}
+
+engine_stats engine::stats() {
+    std::lock_guard<std::mutex> sl(step_mu_);   // the stepper writes stats_ without mu_
+    std::lock_guard<std::mutex> lk(mu_);
+    engine_stats st = stats_;
+    st.queued = static_cast<int32_t>(queue_.size());
+    st.live = 0;
+    st.cached_slots = 0;
+    for (const auto & sl : slots_) {
+        st.live += sl.owner ? 1 : 0;
+        st.cached_slots += (!sl.owner && !sl.cells.empty()) ? 1 : 0;
+    }
+    st.kv_cells_used = kv_used_locked();
+    return st;
+}
+
+void engine::notify() {
+    cv_.notify_all();
+}
+
+}  // namespace polyllama
