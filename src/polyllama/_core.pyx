@@ -740,13 +740,14 @@ def builtin_chat_template(str tmpl, list messages, bint add_assistant=True):
         free(buf)
 
 
-def parse_chat_reply(int fmt, str generation_prompt, bytes parser, str text):
-    """The assistant message (content, reasoning, tool calls) of a finished reply."""
+def parse_chat_reply(int fmt, str generation_prompt, bytes parser, str text, bint partial=False):
+    """The assistant message (content, reasoning, tool calls) of a reply; partial=True for
+    a reply still being generated."""
     cdef string out, err
     cdef string gp = generation_prompt.encode()
     cdef string pp = parser
     cdef string t = text.encode("utf-8", "surrogatepass")
-    if not _native.chat_parse_reply(fmt, gp, pp, t, out, err):
+    if not _native.chat_parse_reply(fmt, gp, pp, t, partial, out, err):
         raise TemplateError(f"could not parse the reply: {err.decode('utf-8', 'replace')}")
     return json.loads(out.decode("utf-8", "replace"))
 

@@ -63,7 +63,7 @@ cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
                      const string & json_schema, cbool add_generation_prompt,
                      cbool enable_thinking, chat_result & out, string & err)
     cbool chat_parse_reply(int format, const string & generation_prompt, const string & parser,
-                           const string & text,
+                           const string & text, cbool partial,
                            string & message_json, string & err)
     cbool json_schema_to_gbnf(const string & schema_json, string & grammar, string & err)
 

@@ -85,6 +85,21 @@ class Request:
                 return self._absorb(out)
             # a timeout: the interpreter runs signal handlers (Ctrl-C) before we go back in
 
+    def poll(self) -> Delta | None:
+        """New output without waiting or stepping (for a program whose own thread drives
+        the engine, e.g. with run_in_thread()); None when there is none yet. Check .done
+        afterwards: the last output and the end can come together."""
+        if self._state is not None:
+            return None
+        delta = self._absorb(self._engine._core_engine().take(self.id))
+        if self._state is not None:
+            self._release()
+        return delta
+
+    def raise_for_error(self) -> None:
+        """Raise the request's error (GrammarError, ContextError, ...) if it ended in one."""
+        self._raise_error()
+
     def __iter__(self) -> Iterator[Delta]:
         try:
             while self._state is None:
@@ -105,7 +120,8 @@ class Request:
                 yield d.text
 
     def result(self) -> "GenerationResult":
-        """Block until the request finished; its GenerationResult (raises on errors)."""
+        """Block until the request finished (stepping the engine if nobody else does); its
+        GenerationResult. Raises the request's error, if it ended in one."""
         try:
             while self._state is None:
                 self._wait(True)

@@ -58,6 +58,27 @@ class GenerationResult:
                 "cached_tokens": self.cached_tokens}
 
 
+class ChatTurn:
+    """What a chat template made of one turn, kept to parse the model's reply."""
+
+    def __init__(self, chat: dict):
+        self.prompt = chat["prompt"]
+        self._format = chat["format"]
+        self._generation_prompt = chat["generation_prompt"]
+        self._parser = chat["parser"]
+
+    def parse(self, text: str, partial: bool = False) -> dict:
+        """The assistant message in `text` as OpenAI-style JSON: content, and tool_calls
+        where the template's format has them (libcommon's common_chat_parse). With
+        partial=True, text is a reply still being generated."""
+        try:
+            msg = core.parse_chat_reply(self._format, self._generation_prompt, self._parser, text, partial)
+        except PolyllamaError:
+            msg = {"role": "assistant", "content": text}
+        msg.setdefault("role", "assistant")
+        return msg
+
+
 class Tokenizer:
     """Only the vocabulary of a GGUF file (no weights are loaded): tokenize / detokenize."""
 
@@ -692,6 +713,19 @@ class LLM:
         (content, tool_calls), or with stream=True an iterator of text pieces.
         """
         params = SamplingParams.from_kwargs(params, **kwargs)
+        req, turn = self.submit_chat(messages, params, tools=tools, response_format=response_format)
+        if stream:
+            return req.text_stream()
+        res = req.result()
+        res.message = turn.parse(res.text)
+        return res
+
+    def submit_chat(self, messages: list[dict], params: SamplingParams | None = None, *,
+                    tools: list[dict] | None = None, response_format: dict | None = None,
+                    **kwargs) -> tuple[Request, "ChatTurn"]:
+        """Queue a chat turn in the engine: (its Request, a ChatTurn that parses the reply,
+        also while it is still partial). What chat() and the server build on."""
+        params = SamplingParams.from_kwargs(params, **kwargs)
         schema = ""
         if response_format is not None:
             kind = response_format.get("type") if isinstance(response_format, dict) else None
@@ -709,24 +743,14 @@ class LLM:
                 log.warning("polyllama: this model's chat template does not use tools: they were "
                             "left out of the prompt (pass chat_template= with a template that has them)")
             grammar = chat["grammar"] or (core.json_schema_to_grammar(schema) if schema else None)
-            if grammar is None:
-                grammar = self._grammar_for(params)
             stops = tuple(params.stop) + tuple(s for s in chat["additional_stops"] if s)
-            p = SamplingParams.from_kwargs(params, stop=stops, grammar=None, json_schema=None)
+            p = SamplingParams.from_kwargs(params, stop=stops)
+            if grammar:   # the template's (or response_format's) grammar replaces the caller's
+                p = SamplingParams.from_kwargs(p, grammar=None, json_schema=None)
             lazy = chat["grammar_triggers"] if chat["grammar_lazy"] else None
             prefill = self._generation_prompt_tokens(chat) if chat["grammar"] and not lazy else ()
             req = self._submit(chat["prompt"], p, False, grammar=grammar, lazy_patterns=lazy, prefill=prefill)
-        if stream:
-            return req.text_stream()
-        res = req.result()
-        with self._lock:
-            try:
-                res.message = core.parse_chat_reply(chat["format"], chat["generation_prompt"],
-                                                    chat["parser"], res.text)
-            except PolyllamaError:
-                res.message = {"role": "assistant", "content": res.text}
-            res.message.setdefault("role", "assistant")
-            return res
+        return req, ChatTurn(chat)
 
     # ---- embeddings ---------------------------------------------------------------------
     def embed(self, texts: str | Sequence[str], *, pooling: str = "mean", normalize: bool = True):

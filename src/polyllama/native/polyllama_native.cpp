@@ -263,7 +263,7 @@ bool chat_apply(const llama_model * model, const std::string & template_override
 }
 
 bool chat_parse_reply(int format, const std::string & generation_prompt, const std::string & parser,
-                      const std::string & text, std::string & message_json, std::string & err) {
+                      const std::string & text, bool partial, std::string & message_json, std::string & err) {
     try {
         common_chat_parser_params params;
         params.format            = (common_chat_format) format;
@@ -271,7 +271,7 @@ bool chat_parse_reply(int format, const std::string & generation_prompt, const s
         if (!parser.empty()) {
             params.parser.load(parser);
         }
-        common_chat_msg msg = common_chat_parse(text, false, params);
+        common_chat_msg msg = common_chat_parse(text, partial, params);
         message_json = msg.to_json_oaicompat().dump();
         return true;
     } catch (const std::exception & e) {

@@ -93,9 +93,10 @@ bool chat_apply(const llama_model * model, const std::string & template_override
                 const std::string & json_schema, bool add_generation_prompt,
                 bool enable_thinking, chat_result & out, std::string & err);
 
-// Parses a finished reply (content, reasoning, tool calls) into OpenAI-style JSON.
+// Parses a reply (content, reasoning, tool calls) into OpenAI-style JSON; partial: the
+// reply is still being generated (an unfinished tool call is left open, not an error).
 bool chat_parse_reply(int format, const std::string & generation_prompt, const std::string & parser,
-                      const std::string & text,
+                      const std::string & text, bool partial,
                       std::string & message_json, std::string & err);
 
 bool json_schema_to_gbnf(const std::string & schema_json, std::string & grammar, std::string & err);
