@@ -101,23 +101,31 @@ class Request:
         self._raise_error()
 
     def __iter__(self) -> Iterator[Delta]:
-        try:
-            while self._state is None:
+        """Deltas until the request ends (then its error, if any, is raised). Leaving the
+        loop early does not cancel the request; cancel() does, and so does dropping the
+        Request. An exception while waiting (Ctrl-C) cancels it."""
+        while self._state is None:
+            try:
                 delta = self._wait(False)
-                if delta is not None:
-                    yield delta
-            self._raise_error()
-        except BaseException:
-            self.cancel()
-            raise
-        finally:
-            self._release()
+            except BaseException:
+                self.cancel()
+                raise
+            if delta is not None:
+                yield delta
+        self._release()
+        self._raise_error()
 
     def text_stream(self) -> Iterator[str]:
-        """The text alone, piece by piece (empty pieces left out)."""
-        for d in self:
-            if d.text:
-                yield d.text
+        """The text alone, piece by piece (empty pieces left out). This iterator owns the
+        request: closing it early, or dropping it, cancels the request."""
+        try:
+            for d in self:
+                if d.text:
+                    yield d.text
+        finally:
+            if self._state is None:
+                self.cancel()
+            self._release()
 
     def result(self) -> "GenerationResult":
         """Block until the request finished (stepping the engine if nobody else does); its

@@ -96,6 +96,7 @@ struct engine::slot {
     int      id = 0;
     int64_t  owner = 0;                     // request id in this slot, 0: idle
     std::vector<llama_token> cells;         // what the KV cache holds for this sequence id
+    std::vector<uint8_t>     wide;          // per cell: computed in a micro-batch of >= 64 rows
     uint64_t last_used = 0;
 };
 
@@ -111,8 +112,9 @@ struct engine::sequence {
     bool     released = false;              // under mu_: nobody will read the output
     std::vector<llama_token> generated;
 
-    // this step's sample (set by sample_one, read by the stepper)
+    // this step's sample (set by sample_one, read by the stepper) and what it means
     llama_token token = -1;
+    int      fate = 0;                      // engine::GOES_ON, ENDS_EOG, ...
     std::vector<std::pair<llama_token, float>> top;
     int      sample_error = ERROR_NONE;
     std::string sample_error_text;
@@ -529,6 +531,7 @@ void engine::finish(sequence & s, int reason, int kind, const std::string & err,
 void engine::free_slot(slot & sl) {
     llama_memory_seq_rm(llama_get_memory(ctx_), sl.id, -1, -1);
     sl.cells.clear();
+    sl.wide.clear();
 }
 
 int engine::kv_used_locked() const {
@@ -546,28 +549,6 @@ int engine::kv_used_locked() const {
     return used;
 }
 
-void engine::evict_one_idle(int except) {
-    int victim = -1;
-    for (const auto & sl : slots_) {
-        if (!sl.owner && sl.id != except && !sl.cells.empty() &&
-            (victim < 0 || sl.last_used < slots_[victim].last_used)) {
-            victim = sl.id;
-        }
-    }
-    if (victim >= 0) {
-        free_slot(slots_[victim]);
-    }
-}
-
-static size_t common_prefix(const std::vector<llama_token> & a, const std::vector<llama_token> & b, size_t cap) {
-    const size_t n = std::min({a.size(), b.size(), cap});
-    size_t i = 0;
-    while (i < n && a[i] == b[i]) {
-        i++;
-    }
-    return i;
-}
-
 // Puts a queued sequence into a slot, reusing the longest cached prefix. Returns false when
 // no slot is idle or the KV cache cannot hold what it reserves (it stays queued).
 bool engine::place(sequence & s, std::vector<int64_t> & changed) {
@@ -579,7 +560,7 @@ bool engine::place(sequence & s, std::vector<int64_t> & changed) {
         if (sl.owner) {
             continue;
         }
-        const size_t l = can_shift_prefix_ || sl.cells.empty() ? common_prefix(sl.cells, prompt, cap) : 0;
+        const size_t l = can_shift_prefix_ || sl.cells.empty() ? reusable_prefix(sl, prompt, cap) : 0;
         if (target < 0 || l > target_lcp ||
             (l == target_lcp && (sl.cells.empty() != slots_[target].cells.empty()
                                      ? sl.cells.empty()      // an empty slot before a cached one
@@ -599,7 +580,7 @@ bool engine::place(sequence & s, std::vector<int64_t> & changed) {
             if (sl.id == target) {
                 continue;
             }
-            const size_t l = common_prefix(sl.cells, prompt, cap);
+            const size_t l = reusable_prefix(sl, prompt, cap);
             if (l > source_lcp) {
                 source = sl.id;
                 source_lcp = l;
@@ -646,6 +627,7 @@ bool engine::place(sequence & s, std::vector<int64_t> & changed) {
         free_slot(sl);
         llama_memory_seq_cp(mem, source, sl.id, 0, static_cast<llama_pos>(source_lcp));
         sl.cells.assign(prompt.begin(), prompt.begin() + source_lcp);
+        sl.wide.assign(slots_[source].wide.begin(), slots_[source].wide.begin() + source_lcp);
         reuse = source_lcp;
     } else if (reuse < sl.cells.size()) {
         if (!llama_memory_seq_rm(mem, sl.id, static_cast<llama_pos>(reuse), -1)) {
@@ -653,6 +635,7 @@ bool engine::place(sequence & s, std::vector<int64_t> & changed) {
             reuse = 0;
         }
         sl.cells.resize(reuse);
+        sl.wide.resize(reuse);
     }
     if (reuse == 0 && !sl.cells.empty()) {
         free_slot(sl);
@@ -821,6 +804,197 @@ int engine::step_locked(std::vector<int64_t> & changed) {
     return live;
 }
 
+// The order a row's arithmetic runs in depends on how it was computed: ggml-cpu's flash
+// attention takes a per-row kernel for micro-batches of fewer than 64 query rows and a
+// tiled one from 64 rows on (GGML_FA_TILE_Q), and the two round differently; within each
+// kernel a row's result does not depend on the other rows of its micro-batch (measured on
+// SmolLM2: splitting a prompt into chunks of 64 rows or more gives bit-identical logits,
+// a last chunk under 64 rows does not). So the engine
+//   * reads every prompt in its canonical chunks ([0, U), [U, 2U), ... with U = n_ubatch),
+//     never mixed with generated tokens, packed with other prompts' chunks of the same
+//     kind only (wide with wide up to U rows, narrow with narrow below 64 rows);
+//   * tags every cached cell wide or narrow, and reuses a cached prefix only as far as its
+//     tags match what a fresh read of the new prompt would compute (see reusable_prefix).
+// A request then computes exactly what it computes alone, beside up to 63 other sequences
+// and from a cached prefix (on the CPU; GPU kernels have thresholds of their own).
+static constexpr int kWideRows = 64;
+
+// what a fresh read of a prompt of n tokens computes at position i: wide or narrow
+static bool fresh_is_wide(size_t i, size_t n, size_t chunk) {
+    const size_t s = i / chunk * chunk;
+    const size_t e = std::min(s + chunk, n);
+    return e - s >= static_cast<size_t>(kWideRows);
+}
+
+size_t engine::reusable_prefix(const slot & sl, const std::vector<llama_token> & prompt, size_t cap) const {
+    const size_t n = prompt.size();
+    const size_t chunk = static_cast<size_t>(n_ubatch_);
+    const size_t lim = std::min({sl.cells.size(), n, cap});
+    size_t r = 0;
+    while (r < lim && sl.cells[r] == prompt[r] && (sl.wide[r] != 0) == fresh_is_wide(r, n, chunk)) {
+        r++;
+    }
+    if (r < n && r > 0) {
+        // the first chunk read after the prefix is [r, e): it must be wide where a fresh read
+        // is, so read at least 64 rows of it (giving back some of the prefix)
+        const size_t s = r / chunk * chunk;
+        const size_t e = std::min(s + chunk, n);
+        if (e - s >= static_cast<size_t>(kWideRows) && e - r < static_cast<size_t>(kWideRows)) {
+            r = e - kWideRows;
+        }
+    }
+    return r;
+}
+
+int engine::run_decode(int n, std::string & err) {
+    batch_.n_tokens = n;
+    const double t0 = now_s();
+    int rc = decode(batch_, err);
+    if (rc == 1) {
+        // no room in the KV cache (the engine's count is conservative, so this means cells
+        // it did not count): drop every cached prefix and try once more
+        std::lock_guard<std::mutex> lk(mu_);
+        for (auto & sl : slots_) {
+            if (!sl.owner && !sl.cells.empty()) {
+                free_slot(sl);
+            }
+        }
+        rc = decode(batch_, err);
+    }
+    stats_.decode_seconds += now_s() - t0;
+    if (rc == 0) {
+        stats_.tokens_decoded += n;
+    }
+    return rc;
+}
+
+void engine::add_row(int i, llama_token token, llama_pos pos, int seq, bool logits) {
+    batch_.token[i] = token;
+    batch_.pos[i] = pos;
+    batch_.n_seq_id[i] = 1;
+    batch_.seq_id[i][0] = seq;
+    batch_.logits[i] = logits;
+}
+
+// A decode that failed: its sequences end and their slots forget what they held. Returns
+// true when the engine itself is lost (an RPC server), after failing everything.
+bool engine::decode_failed(int rc, const std::string & err, const std::vector<sequence *> & seqs,
+                           std::vector<int64_t> & changed) {
+    if (rc <= -1000) {
+        fail_all(ERROR_REMOTE, err, -1000 - rc, changed);
+        std::lock_guard<std::mutex> lk(mu_);
+        closed_ = true;
+        cv_.notify_all();
+        return true;
+    }
+    const int kind = rc == 1 ? ERROR_CONTEXT : ERROR_DECODE;
+    const std::string msg = rc == 1
+        ? "the KV cache is full (use a larger n_ctx or fewer parallel sequences)"
+        : "llama_decode failed with code " + std::to_string(rc) + (err.empty() ? "" : ": " + err);
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto * s : seqs) {
+        if (s->slot >= 0) {
+            free_slot(slots_[s->slot]);
+        }
+        s->logits_row = -1;
+        finish(*s, FINISH_ERROR, kind, msg, rc);
+        changed.push_back(s->id);
+    }
+    return false;
+}
+
+// What a sampled token means for its sequence: it ends it, or it is decoded next.
+void engine::judge(sequence & s) {
+    s.logits_row = -1;
+    s.fate = GOES_ON;
+    if (s.sample_error != ERROR_NONE) {
+        s.fate = ENDS_ERROR;
+        return;
+    }
+    if (llama_vocab_is_eog(vocab_, s.token) && !s.p.ignore_eos) {
+        s.fate = ENDS_EOG;
+        return;
+    }
+    s.generated.push_back(s.token);
+    const int limit = s.p.limit > 0 ? std::min(s.p.limit, n_ctx_seq_) : n_ctx_seq_;
+    if ((s.p.max_tokens >= 0 && static_cast<int>(s.generated.size()) >= s.p.max_tokens) || s.pos >= limit) {
+        s.fate = ENDS_LENGTH;
+    }
+}
+
+// Reads one group of prompt chunks in a micro-batch of its own; the prompts it completes
+// are sampled at once (their first token joins this step's generation batch) or, for
+// logits-only requests, answered. Returns false when the engine was lost.
+bool engine::read_prompts(const std::vector<std::pair<sequence *, int>> & group, std::vector<sequence *> & ready,
+                          std::vector<int64_t> & changed) {
+    if (group.empty()) {
+        return true;
+    }
+    int n = 0;
+    for (const auto & g : group) {
+        sequence & s = *g.first;
+        const int left = static_cast<int>(s.p.prompt.size()) - s.pos;
+        for (int j = 0; j < g.second; j++) {
+            add_row(n++, s.p.prompt[s.pos + j], s.pos + j, s.slot, j == g.second - 1 && g.second == left);
+        }
+        s.logits_row = g.second == left ? n - 1 : -1;
+    }
+    std::string err;
+    const int rc = run_decode(n, err);
+    std::vector<sequence *> seqs;
+    for (const auto & g : group) {
+        seqs.push_back(g.first);
+    }
+    if (rc != 0) {
+        return !decode_failed(rc, err, seqs, changed);
+    }
+    const uint8_t wide = n >= kWideRows ? 1 : 0;
+    std::vector<sequence *> done;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (const auto & g : group) {
+            sequence & s = *g.first;
+            slot & sl = slots_[s.slot];
+            sl.cells.insert(sl.cells.end(), s.p.prompt.begin() + s.pos, s.p.prompt.begin() + s.pos + g.second);
+            sl.wide.insert(sl.wide.end(), g.second, wide);
+            s.pos += g.second;
+            if (s.pos == static_cast<int32_t>(s.p.prompt.size())) {
+                s.state = sequence::GENERATING;
+                done.push_back(&s);
+            }
+        }
+    }
+    if (done.empty()) {
+        return true;
+    }
+    std::vector<sequence *> sample;
+    for (auto * s : done) {
+        if (!s->p.logits_only) {
+            sample.push_back(s);
+            continue;
+        }
+        const double t0 = now_s();
+        llama_synchronize(ctx_);
+        stats_.decode_seconds += now_s() - t0;
+        const float * row = llama_get_logits_ith(ctx_, s->logits_row);
+        std::lock_guard<std::mutex> lk(mu_);
+        s->logits_row = -1;
+        if (row == nullptr) {
+            finish(*s, FINISH_ERROR, ERROR_DECODE, "llama.cpp returned no logits for the prompt");
+        } else {
+            s->out.logits.assign(row, row + n_vocab_);
+            finish(*s, FINISH_LENGTH);
+        }
+        changed.push_back(s->id);
+    }
+    sample_all(sample);
+    for (auto * s : sample) {
+        judge(*s);
+        ready.push_back(s);
+    }
+    return true;
+}
+
 int engine::step_body(std::vector<int64_t> & changed) {
     std::vector<sequence *> active;
     {
@@ -851,171 +1025,88 @@ int engine::step_body(std::vector<int64_t> & changed) {
     }
     stats_.steps++;
 
-    // 1. sample every sequence whose logits the last decode made
+    // 1. sample every sequence whose logits the last generation batch made
     std::vector<sequence *> ready;
     for (auto * s : active) {
-        if (s->state != sequence::GENERATING || s->logits_row < 0) {
-            continue;
+        if (s->state == sequence::GENERATING && s->logits_row >= 0) {
+            ready.push_back(s);
         }
-        if (s->p.logits_only) {
-            const double t0 = now_s();
-            llama_synchronize(ctx_);
-            stats_.decode_seconds += now_s() - t0;
-            const float * row = llama_get_logits_ith(ctx_, s->logits_row);
-            std::lock_guard<std::mutex> lk(mu_);
-            s->logits_row = -1;
-            if (row == nullptr) {
-                finish(*s, FINISH_ERROR, ERROR_DECODE, "llama.cpp returned no logits for the prompt");
-            } else {
-                s->out.logits.assign(row, row + n_vocab_);
-                finish(*s, FINISH_LENGTH);
-            }
-            changed.push_back(s->id);
-            continue;
-        }
-        ready.push_back(s);
     }
     sample_all(ready);
-    const double t_sampled = now_s();
-
-    // what each sampled token means: end, last token, or one more to decode
-    enum { GOES_ON, ENDS_EOG, ENDS_LENGTH, ENDS_ERROR };
-    std::vector<int> fate(ready.size(), GOES_ON);
-    for (size_t i = 0; i < ready.size(); i++) {
-        sequence & s = *ready[i];
-        s.logits_row = -1;
-        if (s.sample_error != ERROR_NONE) {
-            fate[i] = ENDS_ERROR;
-            continue;
-        }
-        const bool eog = llama_vocab_is_eog(vocab_, s.token);
-        if (eog && !s.p.ignore_eos) {
-            fate[i] = ENDS_EOG;
-            continue;
-        }
-        s.generated.push_back(s.token);
-        const int limit = s.p.limit > 0 ? std::min(s.p.limit, n_ctx_seq_) : n_ctx_seq_;
-        if ((s.p.max_tokens >= 0 && static_cast<int>(s.generated.size()) >= s.p.max_tokens) || s.pos >= limit) {
-            fate[i] = ENDS_LENGTH;
-        }
+    for (auto * s : ready) {
+        judge(*s);
     }
 
-    // 2. one batch: the sampled tokens that go on, then chunks of prompts being read
-    int n = 0;
-    std::vector<std::pair<sequence *, int>> in_batch;   // sequence, tokens it has in the batch
-    for (size_t i = 0; i < ready.size(); i++) {
-        if (fate[i] != GOES_ON) {
-            continue;
-        }
-        sequence & s = *ready[i];
-        batch_.token[n] = s.token;
-        batch_.pos[n] = s.pos;
-        batch_.n_seq_id[n] = 1;
-        batch_.seq_id[n][0] = s.slot;
-        batch_.logits[n] = true;
-        s.logits_row = n;
-        in_batch.emplace_back(&s, 1);
-        n++;
-    }
-    // prompts: up to one micro-batch of them per step, at least a few tokens even when the
-    // running sequences fill the micro-batch, so a new prompt always moves on
-    int budget = std::max(n_ubatch_ - n, std::min(n_ubatch_, 32));
-    budget = std::min(budget, batch_cap_ - n);
+    // 2. prompts being read: their next canonical chunks, wide ones together up to one
+    //    micro-batch, narrow ones together below kWideRows rows (first come, first read)
+    std::vector<std::pair<sequence *, int>> wide_group, narrow_group;
+    int wide_rows = 0, narrow_rows = 0;
     for (auto * sp : active) {
-        if (budget <= 0) {
-            break;
-        }
         sequence & s = *sp;
         if (s.state != sequence::PREFILL) {
             continue;
         }
-        const int left = static_cast<int>(s.p.prompt.size()) - s.pos;
-        const int k = std::min(left, budget);
-        for (int j = 0; j < k; j++) {
-            batch_.token[n] = s.p.prompt[s.pos + j];
-            batch_.pos[n] = s.pos + j;
-            batch_.n_seq_id[n] = 1;
-            batch_.seq_id[n][0] = s.slot;
-            batch_.logits[n] = (j == k - 1 && k == left);
-            n++;
-        }
-        s.logits_row = k == left ? n - 1 : -1;
-        in_batch.emplace_back(&s, k);
-        budget -= k;
-    }
-
-    int rc = 0;
-    std::string err;
-    if (n > 0) {
-        batch_.n_tokens = n;
-        const double t0 = now_s();
-        rc = decode(batch_, err);
-        stats_.decode_seconds += now_s() - t0;
-        if (rc == 1) {
-            // no room in the KV cache (the engine's count is conservative, so this means
-            // cells it did not count): drop every cached prefix and try once more
-            std::lock_guard<std::mutex> lk(mu_);
-            for (auto & sl : slots_) {
-                if (!sl.owner && !sl.cells.empty()) {
-                    free_slot(sl);
-                }
+        const int n = static_cast<int>(s.p.prompt.size());
+        const int end = std::min((s.pos / n_ubatch_ + 1) * n_ubatch_, n);
+        const int k = end - s.pos;
+        if (k >= kWideRows || k >= n_ubatch_) {
+            if (wide_group.empty() || wide_rows + k <= n_ubatch_) {
+                wide_group.emplace_back(&s, k);
+                wide_rows += k;
             }
-            rc = decode(batch_, err);
+        } else if (narrow_group.empty() || narrow_rows + k < kWideRows) {
+            narrow_group.emplace_back(&s, k);
+            narrow_rows += k;
         }
     }
-    if (rc <= -1000) {
-        fail_all(ERROR_REMOTE, err, -1000 - rc, changed);
-        std::lock_guard<std::mutex> lk(mu_);
-        closed_ = true;
-        cv_.notify_all();
+    if (!read_prompts(wide_group, ready, changed) || !read_prompts(narrow_group, ready, changed)) {
         return 0;
     }
-    std::lock_guard<std::mutex> lk(mu_);
-    if (rc != 0) {
-        // nothing of this batch is trusted: the sequences in it end, and their slots forget
-        // what they held
-        const int kind = rc == 1 ? ERROR_CONTEXT : ERROR_DECODE;
-        const std::string msg = rc == 1
-            ? "the KV cache is full (use a larger n_ctx or fewer parallel sequences)"
-            : "llama_decode failed with code " + std::to_string(rc) + (err.empty() ? "" : ": " + err);
-        for (auto & e : in_batch) {
-            sequence & s = *e.first;
-            if (s.slot >= 0) {
-                free_slot(slots_[s.slot]);
-            }
-            s.logits_row = -1;
-            finish(s, FINISH_ERROR, kind, msg, rc);
-            changed.push_back(s.id);
+    const double t_sampled = now_s();
+
+    // 3. the generation batch: every sampled token that goes on (on a GPU this returns
+    //    before the device is done, and the text below is made meanwhile)
+    int n = 0;
+    std::vector<sequence *> decoding;
+    for (auto * s : ready) {
+        if (s->fate != GOES_ON || s->state == sequence::DONE) {
+            continue;
         }
-    } else {
-        stats_.tokens_decoded += n;
-        for (auto & e : in_batch) {
-            sequence & s = *e.first;
-            slot & sl = slots_[s.slot];
-            if (s.state == sequence::GENERATING) {
-                sl.cells.push_back(s.token);
-                s.pos++;
-            } else {
-                sl.cells.insert(sl.cells.end(), s.p.prompt.begin() + s.pos, s.p.prompt.begin() + s.pos + e.second);
-                s.pos += e.second;
-                if (s.pos == static_cast<int32_t>(s.p.prompt.size())) {
-                    s.state = sequence::GENERATING;   // its logits row is set
-                }
+        add_row(n, s->token, s->pos, s->slot, true);
+        s->logits_row = n++;
+        decoding.push_back(s);
+    }
+    if (n > 0) {
+        std::string err;
+        const int rc = run_decode(n, err);
+        if (rc != 0) {
+            if (decode_failed(rc, err, decoding, changed)) {
+                return 0;
+            }
+        } else {
+            std::lock_guard<std::mutex> lk(mu_);
+            const uint8_t wide = n >= kWideRows ? 1 : 0;
+            for (auto * s : decoding) {
+                slot & sl = slots_[s->slot];
+                sl.cells.push_back(s->token);
+                sl.wide.push_back(wide);
+                s->pos++;
             }
         }
     }
 
-    // 3. text of the sampled tokens (on a GPU, while the device computes the batch above)
+    // 4. text of the sampled tokens
+    std::lock_guard<std::mutex> lk(mu_);
     char buf[256];
-    for (size_t i = 0; i < ready.size(); i++) {
-        sequence & s = *ready[i];
+    for (auto * sp : ready) {
+        sequence & s = *sp;
         if (s.state == sequence::DONE) {
             continue;   // its decode failed above
         }
         if (s.out.t_first == 0) {
             s.out.t_first = t_sampled;
         }
-        if (fate[i] == ENDS_ERROR) {
+        if (s.fate == ENDS_ERROR) {
             finish(s, FINISH_ERROR, s.sample_error, s.sample_error_text);
             changed.push_back(s.id);
             continue;
@@ -1023,7 +1114,7 @@ int engine::step_body(std::vector<int64_t> & changed) {
         if (s.p.n_probs > 0) {
             s.out.logprobs.push_back(s.top);
         }
-        if (fate[i] == ENDS_EOG) {
+        if (s.fate == ENDS_EOG) {
             finish(s, FINISH_STOP);
             changed.push_back(s.id);
             continue;
@@ -1077,7 +1168,7 @@ int engine::step_body(std::vector<int64_t> & changed) {
         changed.push_back(s.id);
         if (s.stopped) {
             finish(s, FINISH_STOP);
-        } else if (fate[i] == ENDS_LENGTH) {
+        } else if (s.fate == ENDS_LENGTH) {
             finish(s, FINISH_LENGTH);
         }
     }
@@ -1122,8 +1213,5 @@ engine_stats engine::stats() {
     return st;
 }
 
-void engine::notify() {
-    cv_.notify_all();
-}
 
 }  // namespace polyllama

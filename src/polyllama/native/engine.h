@@ -8,12 +8,15 @@
 //      unified KV only), so a chat's next turn or a common system prompt is not recomputed;
 //   2. samples one token for every sequence whose logits the previous step computed
 //      (argmax for plain greedy, the sequence's llama_sampler chain otherwise);
-//   3. queues one llama_decode of the sampled tokens plus the next chunk of every prompt
-//      still being read (at most n_ubatch tokens per step, so a long prompt holds the
-//      others back by one micro-batch at most), which on a GPU returns before the device
-//      has finished;
-//   4. meanwhile turns the sampled tokens into text: whole UTF-8 characters, cut at stop
+//   3. reads the next canonical chunk of the prompts still being read, in micro-batches of
+//      their own (at most n_ubatch rows a step, so a long prompt holds the others back by
+//      one micro-batch at most), and samples the first token of those it completes;
+//   4. queues one llama_decode of all sampled tokens that go on, which on a GPU returns
+//      before the device has finished;
+//   5. meanwhile turns the sampled tokens into text: whole UTF-8 characters, cut at stop
 //      strings, a possible stop-string prefix held back until it is decided.
+// How prompts are chunked and which cached cells may be reused is chosen so that a request
+// computes exactly what it computes alone (engine.cpp, kWideRows).
 // Consumers get text, tokens and a finish reason per request; Python sees no per-token
 // loop. Who runs the steps: either a driver (a thread calling step() in a loop, as the
 // server does), or the consumers themselves: a consumer waiting for its request with no
@@ -140,8 +143,18 @@ class engine {
     struct sequence;
     struct slot;
 
+    enum { GOES_ON = 0, ENDS_EOG, ENDS_LENGTH, ENDS_ERROR };   // sequence::fate
+
     int  step_locked(std::vector<int64_t> & changed);   // step_body, timed
     int  step_body(std::vector<int64_t> & changed);
+    size_t reusable_prefix(const slot & sl, const std::vector<llama_token> & prompt, size_t cap) const;
+    int  run_decode(int n, std::string & err);
+    void add_row(int i, llama_token token, llama_pos pos, int seq, bool logits);
+    bool decode_failed(int rc, const std::string & err, const std::vector<sequence *> & seqs,
+                       std::vector<int64_t> & changed);
+    void judge(sequence & s);
+    bool read_prompts(const std::vector<std::pair<sequence *, int>> & group, std::vector<sequence *> & ready,
+                      std::vector<int64_t> & changed);
     void admit_locked(std::vector<int64_t> & changed);
     bool place(sequence & s, std::vector<int64_t> & changed);
     void sample_all(std::vector<sequence *> & ready);
@@ -150,8 +163,6 @@ class engine {
     void finish(sequence & s, int reason, int kind = ERROR_NONE, const std::string & err = "", int code = 0);
     void free_slot(slot & sl);
     int  kv_used_locked() const;
-    void evict_one_idle(int except);
-    void notify();
     void fail_all(int kind, const std::string & msg, int code, std::vector<int64_t> & changed);
 
     llama_context *       ctx_;
