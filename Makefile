@@ -46,6 +46,10 @@ help:
 
 # the environment: checked and (re)installed only when pyproject.toml or the lock changed
 venv: $(DEVENV)
+ifeq ($(POLYLLAMA_DEVENV),off)
+# no network (GPU machines): the environment is used as it is, checked on every run
+.PHONY: $(DEVENV)
+endif
 $(DEVENV): pyproject.toml requirements-dev.lock buildtools/devenv.py
 	@$(BOOTSTRAP_PYTHON) buildtools/devenv.py "$(VENV)" >/dev/null
 

@@ -20,6 +20,10 @@ that is /usr/bin/python3: nothing pip-installed, "externally managed"). It
 
 The names live in pyproject.toml, the versions in requirements-dev.lock: there is no
 other list (CI installs nothing itself; it runs `make run` and `make test`).
+
+POLYLLAMA_DEVENV=off (a machine without network, e.g. the GPU machines): install
+nothing; use VENV (or $VIRTUAL_ENV) as it is, after checking that its python imports
+what building needs (Cython, ninja).
 Only the standard library is used, so this runs on any Python >= 3.9.
 """
 from __future__ import annotations
@@ -188,8 +192,31 @@ def venv_python(venv: Path) -> Path:
     return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
+BUILD_MODULES = ("Cython", "ninja")
+
+
+def use_as_is(venv: Path) -> Path:
+    """POLYLLAMA_DEVENV=off: check, install nothing."""
+    py = venv_python(venv)
+    problems = preflight(need_venv_module=False)
+    if not py.exists():
+        problems.append(f"{py} does not exist (POLYLLAMA_DEVENV=off uses an existing environment: "
+                        "set VIRTUAL_ENV or VENV)")
+    else:
+        code = ("import importlib.util as u, sys; missing = [m for m in sys.argv[1:] if not u.find_spec(m)]; "
+                "sys.exit(','.join(missing) if missing else 0)")
+        proc = subprocess.run([str(py), "-c", code, *BUILD_MODULES], stderr=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            problems.append(f"{py} lacks {proc.stderr.strip()} (needed to build; install them there)")
+    if problems:
+        raise DevenvError("POLYLLAMA_DEVENV=off, and the environment cannot build:\n  - " + "\n  - ".join(problems))
+    return py
+
+
 def ensure(venv: Path) -> Path:
     """Make venv hold the development requirements; return its python."""
+    if os.environ.get("POLYLLAMA_DEVENV", "").lower() in ("off", "0", "no"):
+        return use_as_is(venv)
     py = venv_python(venv)
     problems = preflight(need_venv_module=not py.exists())
     if problems:

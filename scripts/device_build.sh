@@ -29,6 +29,9 @@ if [ ! -f thirdparty/llama.cpp/include/llama.h ]; then
   cp .devcarry/ggml-vocab-llama-bpe.gguf thirdparty/llama.cpp/models/
 fi
 export JOBS=${JOBS:-$(nproc)}
+# no network there: make uses the image's Python environment as it is (Cython, ninja and
+# scikit-build-core are in it) instead of creating .venv from PyPI (buildtools/devenv.py)
+export POLYLLAMA_DEVENV=off VIRTUAL_ENV=${VIRTUAL_ENV:-$(python3 -c 'import sys; print(sys.prefix)')}
 if [ -d .devcarry/vulkan ]; then export GGML_VULKAN=${GGML_VULKAN:-1}; fi
 t0=$(date +%s)
 GGML_CUDA=${GGML_CUDA:-1} make build

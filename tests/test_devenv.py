@@ -126,3 +126,19 @@ def test_readme_names_the_apt_line_and_ci_installs_it():
     # README starts with the two commands
     first_block = readme.split("```")[1]
     assert "make run" in first_block and "make test" in first_block
+
+
+def test_devenv_off_uses_an_environment_as_it_is(tmp_path):
+    env = dict(os.environ, POLYLLAMA_DEVENV="off")
+    # this interpreter's own environment has Cython and ninja: accepted, nothing installed
+    prefix = Path(sys.prefix)
+    out = subprocess.run([sys.executable, str(DEVENV), str(prefix)], env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(prefix / "bin" / "python")
+    assert not (prefix / devenv.STAMP).exists() or "installing" not in out.stderr
+    # a missing environment is an error that says how to point at one
+    out = subprocess.run([sys.executable, str(DEVENV), str(tmp_path / "nothing")], env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    assert out.returncode == 2
+    assert "POLYLLAMA_DEVENV=off uses an existing environment" in out.stderr
