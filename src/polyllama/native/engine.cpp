@@ -1050,11 +1050,11 @@ int engine::step_body(std::vector<int64_t> & changed) {
         const int end = std::min((s.pos / n_ubatch_ + 1) * n_ubatch_, n);
         const int k = end - s.pos;
         if (k >= kWideRows || k >= n_ubatch_) {
-            if (wide_group.empty() || wide_rows + k <= n_ubatch_) {
+            if (wide_group.empty() || (wide_rows + k <= n_ubatch_ && wide_rows + k <= batch_cap_)) {
                 wide_group.emplace_back(&s, k);
                 wide_rows += k;
             }
-        } else if (narrow_group.empty() || narrow_rows + k < kWideRows) {
+        } else if (narrow_group.empty() || (narrow_rows + k < kWideRows && narrow_rows + k <= batch_cap_)) {
             narrow_group.emplace_back(&s, k);
             narrow_rows += k;
         }
