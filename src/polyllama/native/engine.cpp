@@ -119,6 +119,7 @@ struct engine::sequence {
     int      sample_error = ERROR_NONE;
     std::string sample_error_text;
     std::vector<llama_token_data> cur;      // candidate scratch for sampler chains
+    float *  logits = nullptr;              // its row of the last decode's logits (sample_all)
 
     // text
     std::string utf8_partial;
@@ -680,7 +681,7 @@ void engine::admit_locked(std::vector<int64_t> & changed) {
 void engine::sample_one(sequence & s) {
     s.sample_error = ERROR_NONE;
     s.top.clear();
-    float * logits = llama_get_logits_ith(ctx_, s.logits_row);
+    float * logits = s.logits;   // looked up by sample_all, in the stepping thread
     if (logits == nullptr) {
         s.sample_error = ERROR_DECODE;
         s.sample_error_text = "llama.cpp returned no logits for the sequence";
@@ -756,6 +757,9 @@ void engine::sample_all(std::vector<sequence *> & ready) {
     const double t0 = now_s();
     llama_synchronize(ctx_);
     stats_.decode_seconds += now_s() - t0;
+    for (auto * s : ready) {
+        s->logits = llama_get_logits_ith(ctx_, s->logits_row);
+    }
     const bool parallel = pool_ && ready.size() >= 4;
     if (!parallel) {
         for (auto * s : ready) {
@@ -763,7 +767,6 @@ void engine::sample_all(std::vector<sequence *> & ready) {
         }
         return;
     }
-    // logits rows are looked up here, once (llama_get_logits_ith is not free of side effects)
     std::function<void(int)> job = [&](int i) { sample_one(*ready[i]); };
     pool_->run(static_cast<int>(ready.size()), job);
 }
