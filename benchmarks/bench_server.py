@@ -95,11 +95,16 @@ class Child:
             if self.p.poll() is not None:
                 raise RuntimeError(f"{self.name} exited ({self.p.returncode}); see {self.log.name}")
             try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-                c.request("GET", "/v1/models")
-                ok = c.getresponse().status == 200
-                c.close()
-                if ok:
+                # /health is 503 while a server loads (polyllama, llama-server); a server
+                # without it (404) is ready once /v1/models answers
+                for path in ("/health", "/v1/models"):
+                    c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                    c.request("GET", path)
+                    status = c.getresponse().status
+                    c.close()
+                    if status != 404:
+                        break
+                if status == 200:
                     return
             except OSError:
                 pass
