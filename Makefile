@@ -64,7 +64,7 @@ build: setup
 	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DPOLYLLAMA_INPLACE=ON \
 	  -DPython_EXECUTABLE=$(PYTHON) \
 	  -DPOLYLLAMA_BUILD_TOOLS=ON -DPOLYLLAMA_FLAGS_FROM_COMMAND_LINE=ON $(CMAKE_FLAGS)
-	cmake --build $(BUILD_DIR) -j $(JOBS) --target _core llama-completion llama-bench llama-batched-bench
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target _core llama-completion llama-bench llama-batched-bench llama-server
 
 # One target per backend: the flag is set for the sub-make, which prints its cmake line.
 build-cpu:

@@ -683,19 +683,23 @@ cdef class Model:
     # ---- chat ----
     def apply_chat_template(self, str messages_json, str tools_json="", str json_schema="",
                             bint add_generation_prompt=True, str template_override="",
-                            bint enable_thinking=True):
-        """Format messages with the model's Jinja template through libcommon's chat code."""
+                            bint enable_thinking=True, str tool_choice="auto",
+                            int parallel_tool_calls=-1):
+        """Format messages with the model's Jinja template through libcommon's chat code.
+        tool_choice: "auto", "required" or "none"; parallel_tool_calls: 1, 0, or -1 for
+        what the template supports."""
         cdef _native.chat_result res
         cdef string err
         cdef string tmpl = template_override.encode()
         cdef string msgs = messages_json.encode()
         cdef string tools = tools_json.encode()
         cdef string schema = json_schema.encode()
+        cdef string choice = tool_choice.encode()
         cdef bint ok
         self._check()
         with nogil:
             ok = _native.chat_apply(self.ptr, tmpl, msgs, tools, schema, add_generation_prompt,
-                                    enable_thinking, res, err)
+                                    enable_thinking, choice, parallel_tool_calls, res, err)
         if not ok:
             raise TemplateError(f"chat template failed: {err.decode('utf-8', 'replace')}")
         return {

@@ -61,7 +61,8 @@ cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
     cbool chat_apply(const llama_model * model, const string & template_override,
                      const string & messages_json, const string & tools_json,
                      const string & json_schema, cbool add_generation_prompt,
-                     cbool enable_thinking, chat_result & out, string & err)
+                     cbool enable_thinking, const string & tool_choice, int parallel_tool_calls,
+                     chat_result & out, string & err)
     cbool chat_parse_reply(int format, const string & generation_prompt, const string & parser,
                            const string & text, cbool partial,
                            string & message_json, string & err)

@@ -1,4 +1,4 @@
-"""`python -m polyllama` / `polyllama`: info, devices, run, chat, bench, model, rpc-server.
+"""`python -m polyllama` / `polyllama`: info, devices, run, chat, serve, bench, model, rpc-server.
 
 `run` and `chat` take llama.cpp's own flag spellings (-m -p -n -c -t --temp --top-k
 --top-p --seed -ngl --device --list-devices -sm -ts -mg) and default to the embedded
@@ -60,6 +60,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {v}")
     return v
 
 
@@ -162,7 +172,9 @@ def _checked_arguments():
         raise _ArgumentError(f"argument {flag}: {msg}" if flag else msg) from e
 
 
-def _load(args):
+def _load(args, progress=None, **extra):
+    """The LLM the placement flags ask for. progress: a loading callback (default: the bar
+    on a terminal); extra: more LLM arguments (serve's n_seq_max, chat_template)."""
     from .info import set_log_level
     from .llm import LLM
     if args.verbose:
@@ -185,7 +197,8 @@ def _load(args):
         return LLM(args.model, backend=backend, device=dev, n_gpu_layers=ngl,
                    split_mode=args.split_mode, tensor_split=args.tensor_split, main_device=main,
                    fallback=not args.no_fallback, n_ctx=args.ctx_size, n_threads=args.threads,
-                   progress=_progress_bar() if sys.stderr.isatty() or args.verbose else None)
+                   progress=progress or (_progress_bar() if sys.stderr.isatty() or args.verbose else None),
+                   **extra)
 
 
 def _sampling(args):
@@ -372,6 +385,98 @@ def cmd_rpc_server(args) -> int:
     raise PolyllamaError(f"the RPC server on {endpoint} stopped (see the messages above)")
 
 
+def cmd_serve(args) -> int:
+    """An OpenAI-compatible server on 127.0.0.1 (docs/SERVER.md) until SIGINT/SIGTERM."""
+    import logging
+    import os
+    import signal
+    import socket
+    if args.list_devices:
+        return cmd_devices(args)
+    from .errors import PolyllamaError
+    try:
+        from .server import create_app
+        import uvicorn
+    except ImportError as e:   # ServerExtraMissing says what to install
+        raise PolyllamaError(str(e)) from None
+    api_key = args.api_key if args.api_key is not None else os.environ.get("POLYLLAMA_API_KEY") or None
+    template = None
+    if args.chat_template_file:
+        try:
+            with open(args.chat_template_file, encoding="utf-8") as f:
+                template = f.read()
+        except OSError as e:
+            raise _ArgumentError(f"argument --chat-template-file: {e.strerror or e}: {args.chat_template_file}") from None
+    from .models import default_model_path
+    model_path = args.model or str(default_model_path())
+    if not os.path.isfile(model_path):
+        raise PolyllamaError(f"model file not found: {model_path}")
+    host = args.host
+    # bind before loading: a port in use fails at once, and the URL printed is the real one
+    try:
+        infos = socket.getaddrinfo(host, args.port, type=socket.SOCK_STREAM)
+        family = infos[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(infos[0][4])
+        sock.listen(2048)
+        sock.set_inheritable(True)
+    except OSError as e:
+        raise PolyllamaError(f"cannot listen on {host}:{args.port}: {e.strerror or e}") from None
+    port = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}"
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
+                        stream=sys.stderr)
+    say = logging.getLogger("polyllama.server").info
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        say("polyllama serve: WARNING: listening on %s, reachable from the network%s; no TLS "
+            "(put a TLS proxy in front, docs/SERVER.md)", host,
+            "" if api_key else ", and no --api-key: anyone who reaches it can use it")
+    say("polyllama serve: listening on %s (loading %s, %d slots)", url, model_path, args.parallel)
+    failed: list[BaseException] = []
+    server_box: list = []
+
+    def loader(progress=None):
+        return _load(args, progress=progress, n_seq_max=args.parallel, kv_unified=args.kv_unified,
+                     chat_template=template)
+
+    def on_ready(llm):
+        say("polyllama serve: ready at %s/v1 : %s (model id %r)", url, llm.placement,
+            app.state.server.model_id)
+
+    def on_fatal(e):
+        failed.append(e)
+        if server_box:
+            server_box[0].should_exit = True
+
+    app = create_app(loader=loader, model_alias=args.model_alias, model_path=model_path, api_key=api_key,
+                     queue=args.queue, on_ready=on_ready, on_fatal=on_fatal)
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            say("polyllama serve: stopping (in-flight requests get %.0f s to finish)", args.shutdown_timeout)
+            app.state.server.begin_shutdown()
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=args.shutdown_timeout, timeout_keep_alive=30,
+                            loop="auto", http="auto")
+    server = Server(config)
+    server_box.append(server)
+    # uvicorn re-raises the signal that stopped it once it is done; ours are no-ops, so a
+    # graceful stop by SIGINT or SIGTERM ends with status 0
+    signal.signal(signal.SIGINT, lambda *_: None)
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    server.run(sockets=[sock])
+    if failed:
+        e = failed[0]
+        raise e if isinstance(e, (PolyllamaError, _ArgumentError)) else PolyllamaError(
+            f"the model could not be loaded: {e}")
+    say("polyllama serve: stopped")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from .bench import compare
     from .models import default_model_path
@@ -404,6 +509,27 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(p)
     p.add_argument("-sys", "--system", default=None, help="system message")
     p.set_defaults(func=cmd_chat)
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (docs/SERVER.md)")
+    _add_placement_args(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; 0.0.0.0 is reachable from the network)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free port)")
+    p.add_argument("-np", "--parallel", type=_positive_int, default=4,
+                   help="requests decoded together (the engine's slots, n_seq_max; default 4)")
+    p.add_argument("-kvu", "--kv-unified", action="store_true",
+                   help="one KV cache shared by all slots (a request may use all of -c); default: "
+                        "each slot has -c/--parallel cells of its own, as llama-server with -np, "
+                        "which keeps a greedy answer the same whatever runs beside it")
+    p.add_argument("--queue", type=_non_negative_int, default=64,
+                   help="requests waiting for a slot at most; beyond: 429 (default 64)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (default: $POLYLLAMA_API_KEY, else none)")
+    p.add_argument("-a", "--alias", "--model-alias", dest="model_alias", default=None,
+                   help="model id in the API (default: the file name without .gguf)")
+    p.add_argument("--chat-template-file", default=None, help="Jinja chat template replacing the model's")
+    p.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default 10)")
+    p.set_defaults(func=cmd_serve)
     p = sub.add_parser("bench", help="prompt and generation tokens/s beside llama-bench from the same tree")
     p.add_argument("-m", "--model", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--backend", default="cpu", help="backend polyllama runs on (default cpu)")

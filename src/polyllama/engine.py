@@ -146,6 +146,11 @@ class Request:
         return self._state is not None
 
     @property
+    def finish_reason(self) -> str | None:
+        """None while it runs; then "stop", "length", "cancelled" or "error"."""
+        return self._state.finish_reason if self._state is not None else None
+
+    @property
     def text(self) -> str:
         """The text received so far."""
         return "".join(self._text)

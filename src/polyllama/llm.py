@@ -45,7 +45,9 @@ class GenerationResult:
     time_to_first_token: float             # seconds, prompt processing included
     prompt_tokens_per_second: float
     generation_tokens_per_second: float
-    logprobs: list[list[tuple[int, float]]] | None = None   # per step: top n_probs (token, logprob)
+    # per step: the top n_probs (token, logprob) of the raw logits, best first, then the
+    # sampled token when it is not among them
+    logprobs: list[list[tuple[int, float]]] | None = None
     message: dict | None = None            # chat(): the parsed assistant message
     cached_tokens: int = 0                 # prompt tokens found in the KV cache (not recomputed)
 
@@ -66,6 +68,14 @@ class ChatTurn:
         self._format = chat["format"]
         self._generation_prompt = chat["generation_prompt"]
         self._parser = chat["parser"]
+        self._markers = bool(chat.get("preserved_tokens"))
+
+    @property
+    def structured(self) -> bool:
+        """True when the reply may be more than its text: the template marks tool calls or
+        reasoning (<tool_call>, <think>, ...) that parse() takes out. False: parse(text)
+        gives the text back as the content, so a stream may pass the text on as it is."""
+        return self._format != 0 and self._markers
 
     def parse(self, text: str, partial: bool = False) -> dict:
         """The assistant message in `text` as OpenAI-style JSON: content, and tool_calls
@@ -544,6 +554,14 @@ class LLM:
             self._require()
             return self._model.detokenize(_token_list(tokens), False, special).decode("utf-8", "replace")
 
+    def token_piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token (a piece may hold part of a UTF-8 character). special=True
+        renders control tokens (<|im_end|>) as their text."""
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise TypeError(f"token must be an int, not {token!r}")
+        self._require()
+        return self._model.token_to_piece(token, special)
+
     @staticmethod
     def _check_prompt_type(prompt) -> None:
         """The type errors of _prompt_tokens, raised before a stream starts."""
@@ -671,9 +689,18 @@ class LLM:
 
     # ---- chat ---------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
-                            add_generation_prompt: bool = True, json_schema: str = "") -> dict:
-        """The prompt (and grammar) llama.cpp's chat code makes of OpenAI-style messages."""
+                            add_generation_prompt: bool = True, json_schema: str = "",
+                            tool_choice: str = "auto", parallel_tool_calls: bool | None = None) -> dict:
+        """The prompt (and grammar) llama.cpp's chat code makes of OpenAI-style messages.
+
+        tool_choice: "auto", "required" (the reply must be a tool call) or "none" (the tools
+        stay in the prompt, no tool-call grammar); parallel_tool_calls: None for what the
+        template supports, as llama-server."""
         self._require()
+        if tool_choice not in ("auto", "required", "none"):
+            raise ValueError(f"tool_choice must be 'auto', 'required' or 'none', not {tool_choice!r}")
+        if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+            raise TypeError(f"parallel_tool_calls must be True, False or None, not {parallel_tool_calls!r}")
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...}")
         for m in messages:
@@ -689,8 +716,9 @@ class LLM:
                             f"dicts): {e}") from None
         _utf8(as_json, "messages")
         _utf8(tools_json, "tools")
-        return self._model.apply_chat_template(as_json, tools_json,
-                                               json_schema, add_generation_prompt, self._chat_template)
+        return self._model.apply_chat_template(
+            as_json, tools_json, json_schema, add_generation_prompt, self._chat_template, True,
+            tool_choice, -1 if parallel_tool_calls is None else int(parallel_tool_calls))
 
     def _generation_prompt_tokens(self, chat: dict) -> list[int]:
         """Tokens of the template's generation prompt, which libcommon's output grammars
@@ -722,9 +750,11 @@ class LLM:
 
     def submit_chat(self, messages: list[dict], params: SamplingParams | None = None, *,
                     tools: list[dict] | None = None, response_format: dict | None = None,
+                    tool_choice: str = "auto", parallel_tool_calls: bool | None = None,
                     **kwargs) -> tuple[Request, "ChatTurn"]:
         """Queue a chat turn in the engine: (its Request, a ChatTurn that parses the reply,
-        also while it is still partial). What chat() and the server build on."""
+        also while it is still partial). What chat() and the server build on.
+        tool_choice / parallel_tool_calls: see apply_chat_template."""
         params = SamplingParams.from_kwargs(params, **kwargs)
         schema = ""
         if response_format is not None:
@@ -737,7 +767,9 @@ class LLM:
             elif kind != "text":
                 raise ValueError("response_format type must be 'text', 'json_object' or 'json_schema'")
         with self._lock:
-            chat = self.apply_chat_template(messages, tools=tools, json_schema=schema)
+            chat = self.apply_chat_template(messages, tools=tools, json_schema=schema,
+                                            tool_choice=tool_choice,
+                                            parallel_tool_calls=parallel_tool_calls)
             if tools and not chat["grammar"] and not any(
                     _tool_name(t) and _tool_name(t) in chat["prompt"] for t in tools):
                 log.warning("polyllama: this model's chat template does not use tools: they were "

@@ -678,6 +678,22 @@ void engine::admit_locked(std::vector<int64_t> & changed) {
     }
 }
 
+// With n_probs: the sampled token's own log-probability (raw logits, as the top list) goes
+// after the top n when it is not among them, so a consumer always finds it (OpenAI's
+// logprobs report the chosen token beside the top_logprobs).
+static void add_sampled_logprob(std::vector<std::pair<llama_token, float>> & top, int n_probs,
+                                const float * logits, double lse, llama_token token) {
+    if (n_probs <= 0) {
+        return;
+    }
+    for (const auto & e : top) {
+        if (e.first == token) {
+            return;
+        }
+    }
+    top.emplace_back(token, static_cast<float>(logits[token] - lse));
+}
+
 void engine::sample_one(sequence & s) {
     s.sample_error = ERROR_NONE;
     s.top.clear();
@@ -687,6 +703,7 @@ void engine::sample_one(sequence & s) {
         s.sample_error_text = "llama.cpp returned no logits for the sequence";
         return;
     }
+    double lse = 0.0;   // log-sum-exp of the raw logits, when n_probs asks for them
     if (s.p.n_probs > 0) {
         // log-softmax of the raw logits: the top n before any sampling stage
         float mx = -std::numeric_limits<float>::infinity();
@@ -697,7 +714,7 @@ void engine::sample_one(sequence & s) {
         for (int i = 0; i < n_vocab_; i++) {
             total += std::exp(static_cast<double>(logits[i]) - mx);
         }
-        const double lse = mx + std::log(total);
+        lse = mx + std::log(total);
         const int n = std::min(s.p.n_probs, n_vocab_);
         std::vector<int> best;
         best.reserve(n + 1);
@@ -718,6 +735,7 @@ void engine::sample_one(sequence & s) {
     }
     if (s.p.greedy || s.p.sampler == nullptr) {
         s.token = argmax_f32(logits, n_vocab_, s.p.banned);
+        add_sampled_logprob(s.top, s.p.n_probs, logits, lse, s.token);
         return;
     }
     // llama_sampler_sample's steps, with a check between apply and accept: a grammar that
@@ -738,6 +756,7 @@ void engine::sample_one(sequence & s) {
             return;
         }
         s.token = arr.data[arr.selected].id;
+        add_sampled_logprob(s.top, s.p.n_probs, logits, lse, s.token);
         llama_sampler_accept(s.p.sampler, s.token);
     } catch (const std::exception & e) {
         s.sample_error = ERROR_GRAMMAR;

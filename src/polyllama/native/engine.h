@@ -79,7 +79,9 @@ struct request_params {
 struct request_output {
     std::string text;                        // newly released text (valid UTF-8)
     std::vector<llama_token> tokens;         // newly generated tokens
-    std::vector<std::vector<std::pair<llama_token, float>>> logprobs;  // per new token
+    // per sampled token (n_probs > 0): the top n_probs of the raw logits as (token, logprob),
+    // best first, then the sampled token itself when it is not among them
+    std::vector<std::vector<std::pair<llama_token, float>>> logprobs;
     std::vector<float> logits;               // logits_only: the n_vocab logits after the prompt
     int      finish      = FINISH_NONE;
     int      error_kind  = ERROR_NONE;

@@ -228,7 +228,8 @@ size_t max_tensor_buft_overrides() { return llama_max_tensor_buft_overrides(); }
 bool chat_apply(const llama_model * model, const std::string & template_override,
                 const std::string & messages_json, const std::string & tools_json,
                 const std::string & json_schema, bool add_generation_prompt,
-                bool enable_thinking, chat_result & out, std::string & err) {
+                bool enable_thinking, const std::string & tool_choice, int parallel_tool_calls,
+                chat_result & out, std::string & err) {
     try {
         auto tmpls = common_chat_templates_init(model, template_override);
         common_chat_templates_inputs inputs;
@@ -236,6 +237,10 @@ bool chat_apply(const llama_model * model, const std::string & template_override
         if (!tools_json.empty()) {
             inputs.tools = common_chat_tools_parse_oaicompat(common_json::parse(tools_json));
         }
+        inputs.tool_choice = common_chat_tool_choice_parse_oaicompat(tool_choice.empty() ? "auto" : tool_choice);
+        inputs.parallel_tool_calls = parallel_tool_calls < 0
+            ? common_chat_templates_get_caps(tmpls.get())["supports_parallel_tool_calls"]
+            : parallel_tool_calls != 0;
         inputs.json_schema           = json_schema;
         inputs.add_generation_prompt = add_generation_prompt;
         inputs.enable_thinking       = enable_thinking;

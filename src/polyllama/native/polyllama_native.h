@@ -88,10 +88,13 @@ struct chat_result {
 };
 
 // messages_json / tools_json: OpenAI-style arrays as JSON text (tools may be empty).
+// tool_choice: "auto", "required" or "none" (OpenAI's strings); parallel_tool_calls: 1/0,
+// or -1 for what the template supports (llama-server's default).
 bool chat_apply(const llama_model * model, const std::string & template_override,
                 const std::string & messages_json, const std::string & tools_json,
                 const std::string & json_schema, bool add_generation_prompt,
-                bool enable_thinking, chat_result & out, std::string & err);
+                bool enable_thinking, const std::string & tool_choice, int parallel_tool_calls,
+                chat_result & out, std::string & err);
 
 // Parses a reply (content, reasoning, tool calls) into OpenAI-style JSON; partial: the
 // reply is still being generated (an unfinished tool call is left open, not an error).
