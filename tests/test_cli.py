@@ -142,6 +142,9 @@ def test_chat_from_stdin_keeps_history(model_path, llm):
     q1 = "My name is Zorblax and my favourite colour is teal."
     q2 = "What is my name?"
     n = 16
+    # the same history as the CLI's fresh LLM (what the engine's cache holds decides where
+    # cells lie, and ggml-cpu's arithmetic depends on that: ARCHITECTURE.md §6.3)
+    llm.engine.clear_cache()
     r1 = llm.chat([{"role": "user", "content": q1}], max_tokens=n).text
     r2 = llm.chat([{"role": "user", "content": q1}, {"role": "assistant", "content": r1},
                    {"role": "user", "content": q2}], max_tokens=n).text

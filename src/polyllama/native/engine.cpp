@@ -10,6 +10,9 @@
 #include <functional>
 #include <limits>
 
+// thirdparty/patches/0001: where a sequence's cells start in a single-stream KV cache
+bool llama_kv_cache_set_seq_base(llama_memory_t mem, llama_seq_id seq_id, int32_t base);
+
 namespace polyllama {
 
 namespace {
@@ -98,6 +101,8 @@ struct engine::slot {
     std::vector<llama_token> cells;         // what the KV cache holds for this sequence id
     std::vector<uint8_t>     wide;          // per cell: computed in a micro-batch of >= 64 rows
     uint64_t last_used = 0;
+    int32_t  region_start = -1;             // its cells [start, start + len) of a unified cache
+    int32_t  region_len = 0;                //   (64-aligned; patch 0001 puts position p at start + p)
 };
 
 struct engine::sequence {
@@ -228,6 +233,9 @@ engine::engine(llama_context * ctx, const llama_model * model, remote_worker * w
     for (int i = 0; i < n_slots_; i++) {
         slots_[i].id = i;
     }
+    // slot regions need the patched cache and a plain KV memory (not recurrent, not SWA pairs)
+    placement_ = unified_ && can_shift_prefix_ &&
+                 llama_kv_cache_set_seq_base(llama_get_memory(ctx), 0, -1);
     sample_threads_ = std::max(1, sample_threads);
     if (sample_threads_ > 1) {
         pool_ = std::make_unique<pool>(sample_threads_ - 1);
@@ -529,13 +537,92 @@ void engine::finish(sequence & s, int reason, int kind, const std::string & err,
     }
 }
 
-void engine::free_slot(slot & sl) {
+void engine::free_slot(slot & sl, bool release_region) {
     llama_memory_seq_rm(llama_get_memory(ctx_), sl.id, -1, -1);
     sl.cells.clear();
     sl.wide.clear();
+    if (release_region && sl.region_len > 0) {
+        sl.region_start = -1;
+        sl.region_len = 0;
+        llama_kv_cache_set_seq_base(llama_get_memory(ctx_), sl.id, -1);
+    }
+}
+
+// A 64-aligned start for `need` cells that no other slot's region overlaps, or -1.
+int32_t engine::find_gap(int32_t need, int ignore) const {
+    std::vector<std::pair<int32_t, int32_t>> taken;   // start, end
+    for (const auto & sl : slots_) {
+        if (sl.id != ignore && sl.region_len > 0) {
+            taken.emplace_back(sl.region_start, sl.region_start + sl.region_len);
+        }
+    }
+    std::sort(taken.begin(), taken.end());
+    int32_t at = 0;
+    for (const auto & t : taken) {
+        if (at + need <= t.first) {
+            return at;
+        }
+        at = std::max(at, (t.second + kRegionAlign - 1) / kRegionAlign * kRegionAlign);
+    }
+    return at + need <= n_ctx_ ? at : -1;
+}
+
+// Gives slot `sl` a region of at least `need` cells: its own when big enough, grown in place
+// when the cells after it are free, else a new one (its cached cells are dropped: *moved).
+// Evicts idle slots, least recently used first, but never `keep`. False: no room now.
+bool engine::ensure_region(slot & sl, int32_t need, int keep, bool * moved) {
+    *moved = false;
+    if (sl.region_len >= need) {
+        return true;
+    }
+    for (;;) {
+        if (sl.region_len > 0) {
+            const int32_t end = sl.region_start + need;
+            bool free_after = end <= n_ctx_;
+            for (const auto & o : slots_) {
+                if (o.id != sl.id && o.region_len > 0 && o.region_start < end &&
+                    o.region_start + o.region_len > sl.region_start) {
+                    free_after = false;
+                }
+            }
+            if (free_after) {
+                sl.region_len = need;
+                return true;
+            }
+        }
+        const int32_t at = find_gap(need, sl.id);
+        if (at >= 0) {
+            if (!sl.cells.empty()) {
+                free_slot(sl, false);
+            }
+            *moved = true;
+            sl.region_start = at;
+            sl.region_len = need;
+            llama_kv_cache_set_seq_base(llama_get_memory(ctx_), sl.id, at);
+            return true;
+        }
+        int victim = -1;
+        for (const auto & o : slots_) {
+            if (!o.owner && o.id != sl.id && o.id != keep && o.region_len > 0 &&
+                (victim < 0 || o.last_used < slots_[victim].last_used)) {
+                victim = o.id;
+            }
+        }
+        if (victim < 0) {
+            return false;
+        }
+        free_slot(slots_[victim], true);
+    }
 }
 
 int engine::kv_used_locked() const {
+    if (placement_) {
+        int used = 0;
+        for (const auto & sl : slots_) {
+            used += sl.region_len;
+        }
+        return used;
+    }
     int used = 0;
     for (const auto & sl : slots_) {
         int n = static_cast<int>(sl.cells.size());
@@ -587,6 +674,11 @@ bool engine::place(sequence & s, std::vector<int64_t> & changed) {
                 source_lcp = l;
             }
         }
+        if (placement_) {
+            // a copied prefix keeps its cells where the source has them: whole 64-cell
+            // tiles only, so that its tiles are the ones a lone sequence would have
+            source_lcp = source_lcp / kRegionAlign * kRegionAlign;
+        }
         if (source_lcp < target_lcp + 16) {   // not worth a copy
             source = -1;
         }
@@ -595,7 +687,16 @@ bool engine::place(sequence & s, std::vector<int64_t> & changed) {
     const int64_t want = s.p.max_tokens < 0 ? static_cast<int64_t>(limit)
                                             : static_cast<int64_t>(prompt.size()) + s.p.max_tokens;
     s.reserved = static_cast<int32_t>(std::min<int64_t>(limit, want));
-    if (unified_) {
+    if (placement_) {
+        const int32_t need = (s.reserved + kRegionAlign - 1) / kRegionAlign * kRegionAlign;
+        bool moved = false;
+        if (!ensure_region(slots_[target], need, source, &moved)) {
+            return false;
+        }
+        if (moved) {
+            target_lcp = 0;   // its cached cells were dropped with its old region
+        }
+    } else if (unified_) {
         auto fits = [&] {
             return kv_used_locked() - static_cast<int>(slots_[target].cells.size()) + s.reserved <= n_ctx_;
         };
@@ -877,8 +978,8 @@ int engine::run_decode(int n, std::string & err) {
         // it did not count): drop every cached prefix and try once more
         std::lock_guard<std::mutex> lk(mu_);
         for (auto & sl : slots_) {
-            if (!sl.owner && !sl.cells.empty()) {
-                free_slot(sl);
+            if (!sl.owner && (!sl.cells.empty() || sl.region_len > 0)) {
+                free_slot(sl, true);
             }
         }
         rc = decode(batch_, err);
@@ -1215,7 +1316,7 @@ void engine::clear_cache() {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto & s : slots_) {
         if (!s.owner) {
-            free_slot(s);
+            free_slot(s, true);
         }
     }
 }

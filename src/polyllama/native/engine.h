@@ -163,7 +163,12 @@ class engine {
     void sample_one(sequence & s);
     int  decode(llama_batch & batch, std::string & err);
     void finish(sequence & s, int reason, int kind = ERROR_NONE, const std::string & err = "", int code = 0);
-    void free_slot(slot & sl);
+    void free_slot(slot & sl, bool release_region = false);
+    int32_t find_gap(int32_t need, int ignore) const;
+    bool ensure_region(slot & sl, int32_t need, int keep, bool * moved);
+    // ggml-cpu's flash attention works in tiles of 64 KV cells (GGML_FA_TILE_KV): a slot's
+    // region starts at a multiple of it, so its cells group into tiles as a lone sequence's
+    static constexpr int32_t kRegionAlign = 64;
     int  kv_used_locked() const;
     void fail_all(int kind, const std::string & msg, int code, std::vector<int64_t> & changed);
 
@@ -179,6 +184,7 @@ class engine {
     int                   n_ubatch_;
     bool                  unified_;
     bool                  can_shift_prefix_;   // partial seq_rm / seq_cp work (not recurrent)
+    bool                  placement_ = false;  // slots have regions (unified cache, patch 0001)
     int                   sample_threads_;
 
     std::mutex            mu_;          // requests, queue, outputs
