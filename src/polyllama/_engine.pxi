@@ -70,11 +70,11 @@ cdef class Engine:
         self.inside = 0
         self.closing = False
 
-    def __init__(self, Context context, int sample_threads=1):
+    def __init__(self, Context context, int sample_threads=1, bint aligned_regions=True):
         context._check()
         self.context = context
         self.ptr = new _native.engine(context.ptr, context.model.ptr, context.worker,
-                                      context.remote_timeout, sample_threads)
+                                      context.remote_timeout, sample_threads, aligned_regions)
 
     def __dealloc__(self):
         if self.ptr != NULL:

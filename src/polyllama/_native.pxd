@@ -163,7 +163,7 @@ cdef extern from "engine.h" namespace "polyllama" nogil:
 
     cdef cppclass engine:
         engine(llama_context * ctx, const llama_model * model, remote_worker * worker,
-               double timeout_s, int sample_threads) except +
+               double timeout_s, int sample_threads, cbool aligned_regions) except +
         int64_t submit(request_params & params)
         void cancel(int64_t id)
         void cancel_all()

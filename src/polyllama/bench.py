@@ -214,8 +214,11 @@ def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: 
     from .llm import LLM
     from .sampling import SamplingParams
     out = {}
+    # room for every sequence at once: on the CPU each takes a 64-aligned region of a
+    # unified cache (ARCHITECTURE.md §6.3)
+    per_seq = -(-(n_prompt + n_gen + 8) // 64) * 64
     llm = LLM(model, backend=backend, n_threads=threads, n_gpu_layers=ngl, n_seq_max=max(widths),
-              n_ctx=max(widths) * (n_prompt + n_gen + 8), kv_unified=kv_unified, flash_attn=flash_attn)
+              n_ctx=max(widths) * per_seq, kv_unified=kv_unified, flash_attn=flash_attn)
     engine = llm.engine
     vocab = llm.metadata["n_vocab"]
     params = SamplingParams(max_tokens=n_gen, ignore_eos=True)

@@ -405,7 +405,11 @@ class LLM:
             raise
         self._model, self._ctx = model, ctx
         on_gpu = bool(cand.devices) and any(d.backend != "rpc" for d in cand.devices)
-        self._engine = Engine(self, core.Engine(ctx, default_sample_threads(on_gpu and mp.n_gpu_layers != 0)))
+        offloaded = on_gpu and mp.n_gpu_layers != 0
+        # aligned slot regions buy exact CPU results (ARCHITECTURE.md §6.3) for some unused
+        # cells; GPU kernels are not exact across batch shapes anyway, so they go without
+        self._engine = Engine(self, core.Engine(ctx, default_sample_threads(offloaded),
+                                                aligned_regions=not offloaded))
         mem = ctx.memory()
         n_layers = model.n_layer + 1
         ngl = mp.n_gpu_layers

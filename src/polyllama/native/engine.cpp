@@ -216,7 +216,7 @@ struct engine::pool {
 
 // ---- construction ---------------------------------------------------------------------
 engine::engine(llama_context * ctx, const llama_model * model, remote_worker * worker, double timeout_s,
-               int sample_threads)
+               int sample_threads, bool aligned_regions)
     : ctx_(ctx), model_(model), vocab_(llama_model_get_vocab(model)), worker_(worker),
       timeout_s_(timeout_s) {
     n_slots_   = std::max<int>(1, llama_n_seq_max(ctx));
@@ -234,7 +234,7 @@ engine::engine(llama_context * ctx, const llama_model * model, remote_worker * w
         slots_[i].id = i;
     }
     // slot regions need the patched cache and a plain KV memory (not recurrent, not SWA pairs)
-    placement_ = unified_ && can_shift_prefix_ &&
+    placement_ = aligned_regions && unified_ && can_shift_prefix_ &&
                  llama_kv_cache_set_seq_base(llama_get_memory(ctx), 0, -1);
     sample_threads_ = std::max(1, sample_threads);
     if (sample_threads_ > 1) {

@@ -110,8 +110,10 @@ class engine {
   public:
     // ctx/model stay owned by the caller and must outlive the engine. n_slots: the
     // context's n_seq_max. worker/timeout: the RPC guard of the context (may be null).
+    // aligned_regions: give slots 64-aligned regions of a unified cache (exact CPU results,
+    // ARCHITECTURE.md §6.3; some cells left unused between regions, so off on GPUs)
     engine(llama_context * ctx, const llama_model * model, remote_worker * worker, double timeout_s,
-           int sample_threads);
+           int sample_threads, bool aligned_regions);
     ~engine();
 
     // ---- requests (any thread) ----
