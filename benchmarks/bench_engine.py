@@ -110,11 +110,13 @@ def chat_continuation(model: str, backend: str, threads: int | None, n_tokens: i
     """TTFT of a chat of ~n_tokens prompt tokens and of one more turn, with the engine's
     cached prefix, and the second reply with and without it."""
     from polyllama import LLM
-    llm = LLM(model, backend=backend, n_threads=threads, n_gpu_layers=ngl, n_ctx=n_tokens + 1024, n_seq_max=1)
+    # words of the list become ~2 tokens each: room for them, both turns and the replies
+    llm = LLM(model, backend=backend, n_threads=threads, n_gpu_layers=ngl, n_ctx=3 * n_tokens + 1024, n_seq_max=1)
     try:
         words = " ".join(f"item{i}" for i in range(n_tokens))
+        words = " ".join(words.split()[: n_tokens // 2])
         msgs = [{"role": "system", "content": "Read the list and answer briefly."},
-                {"role": "user", "content": f"List: {words[: n_tokens * 6]}. What comes first?"}]
+                {"role": "user", "content": f"List: {words}. What comes first?"}]
         llm.chat(msgs, max_tokens=4)              # warm-up of the shapes
         llm.engine.clear_cache()
         first = llm.chat(msgs, max_tokens=32)
@@ -160,6 +162,9 @@ def main() -> int:
     result: dict = {"model": Path(args.model).name, "backend": args.backend, "threads": args.threads,
                     "date": str(datetime.date.today()), "host": platform.node()}
 
+    def save():   # after every section: a run cut short still leaves what it measured
+        (out / "engine.json").write_text(json.dumps(result, indent=2))
+
     # single stream, in turn
     singles = []
     for _ in range(args.rounds):
@@ -178,6 +183,7 @@ def main() -> int:
         "pp_ratios": [o["pp"] / r["pp"] for r, o in singles],
         "overhead_us": statistics.median(o["overhead_us_per_token"] for _, o in singles),
         "placement": singles[0][1]["placement"]}
+    save()
 
     # batched, per KV layout, in turn
     result["batched"] = {}
@@ -197,10 +203,14 @@ def main() -> int:
             rows.append({"batched_bench": ref, "polyllama": ours, "llama_server": srv})
             print(f"batched {kv}:", json.dumps(rows[-1]), flush=True)
         result["batched"][kv] = rows
+        save()
 
     if args.chat:
-        result["chat"] = chat_continuation(args.model, args.backend, args.threads, args.chat_tokens, ngl_ours)
-        print("chat:", json.dumps(result["chat"]), flush=True)
+        try:
+            result["chat"] = chat_continuation(args.model, args.backend, args.threads, args.chat_tokens, ngl_ours)
+        except Exception as e:   # reported; the other figures stand
+            result["chat_error"] = f"{type(e).__name__}: {e}"
+        print("chat:", json.dumps(result.get("chat") or result.get("chat_error")), flush=True)
 
     commit = os.environ.get("POLYLLAMA_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()

@@ -27,7 +27,7 @@ for arg in "$@"; do
 done
 cache=${POLYLLAMA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/polyllama}
 # anchored at llama.cpp/: tools/mtmd/models/ is source code, llama.cpp/models/ is test data
-trim=(--exclude='llama.cpp/docs' --exclude='llama.cpp/media' --exclude='llama.cpp/tools/ui'
+trim=(--exclude='llama.cpp/docs' --exclude='llama.cpp/media'
       --exclude='llama.cpp/tools/server/public*' --exclude='llama.cpp/models/*'
       --exclude='llama.cpp/examples/*/*.swift' --exclude='llama.cpp/app')
 
