@@ -157,6 +157,12 @@ def main() -> int:
     ngl_tool = 0 if cpu else 99
     ngl_ours = 0 if cpu else -1
     dev = args.device or ("none" if cpu else None)
+    if dev is None:
+        # llama.cpp's tools take every GPU device by default; a CUDA + Vulkan build shows the
+        # same GPU twice, and they would split the model over both
+        from polyllama import devices
+        dev = next(d.name for d in devices() if d.backend == args.backend and d.is_offload_target
+                   and not d.software)
     fa = "on"
     widths = [int(w) for w in args.widths.split(",")]
     result: dict = {"model": Path(args.model).name, "backend": args.backend, "threads": args.threads,
@@ -192,14 +198,14 @@ def main() -> int:
         rows = []
         for _ in range(args.rounds):
             ref = llama_batched_bench(bin_dir / "llama-batched-bench", args.model, widths=widths, n_gen=args.n_gen,
-                                      ngl=ngl_tool, flash_attn=fa, kv_unified=unified)
+                                      ngl=ngl_tool, flash_attn=fa, kv_unified=unified, device=dev)
             ours = batched_bench(args.model, widths=widths, n_gen=args.n_gen, backend=args.backend,
                                  threads=args.threads, ngl=ngl_ours, kv_unified=unified, flash_attn=fa)
             srv = {}
             if args.server and (bin_dir / "llama-server").is_file():
                 for w in widths:
                     srv[w] = llama_server_batched(bin_dir / "llama-server", args.model, w, args.n_gen, 8, ngl_tool,
-                                                  args.threads, unified, args.device if not cpu else None)
+                                                  args.threads, unified, dev)
             rows.append({"batched_bench": ref, "polyllama": ours, "llama_server": srv})
             print(f"batched {kv}:", json.dumps(rows[-1]), flush=True)
         result["batched"][kv] = rows

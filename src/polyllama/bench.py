@@ -245,14 +245,14 @@ def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: 
 
 def llama_batched_bench(binary: Path, model: str, widths=(1, 4, 16, 64), n_gen: int = 128,
                         n_prompt: int = 8, ngl: int = 99, flash_attn: str = "on",
-                        kv_unified: bool = False) -> dict:
+                        kv_unified: bool = False, device: str | None = None) -> dict:
     """llama.cpp's own batched generation figure per width: S_TG, aggregate tokens/s of the
     generation phase, from llama-batched-bench (same tree, same run)."""
     fa = {"auto": "auto", "on": "1", "off": "0"}[flash_attn]
     n_ctx = max(widths) * (n_prompt + n_gen + 8)
     cmd = [str(binary), "-m", model, "-c", str(n_ctx), "-b", "2048", "-ub", "512", "-ngl", str(ngl),
            "-fa", fa, "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", ",".join(map(str, widths)),
-           "--output-format", "jsonl"] + (["-kvu"] if kv_unified else [])
+           "--output-format", "jsonl"] + (["-kvu"] if kv_unified else []) + (["-dev", device] if device else [])
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True, text=True)
     res = {}
     for line in (out.stdout + "\n" + out.stderr).splitlines():
