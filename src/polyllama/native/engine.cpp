@@ -234,6 +234,7 @@ engine::engine(llama_context * ctx, const llama_model * model, remote_worker * w
         slots_[i].id = i;
     }
     // slot regions need the patched cache and a plain KV memory (not recurrent, not SWA pairs)
+    exact_ = aligned_regions;
     placement_ = aligned_regions && unified_ && can_shift_prefix_ &&
                  llama_kv_cache_set_seq_base(llama_get_memory(ctx), 0, -1);
     sample_threads_ = std::max(1, sample_threads);
@@ -1164,6 +1165,9 @@ int engine::step_body(std::vector<int64_t> & changed) {
     //    micro-batch, narrow ones together below kWideRows rows (first come, first read)
     std::vector<std::pair<sequence *, int>> wide_group, narrow_group;
     int wide_rows = 0, narrow_rows = 0;
+    // exact (CPU) placements keep narrow chunks narrow; elsewhere short prompts are read
+    // together up to a micro-batch, so many new requests start in one step
+    const int narrow_cap = exact_ ? kWideRows : n_ubatch_ + 1;
     for (auto * sp : active) {
         sequence & s = *sp;
         if (s.state != sequence::PREFILL) {
@@ -1177,7 +1181,7 @@ int engine::step_body(std::vector<int64_t> & changed) {
                 wide_group.emplace_back(&s, k);
                 wide_rows += k;
             }
-        } else if (narrow_group.empty() || (narrow_rows + k < kWideRows && narrow_rows + k <= batch_cap_)) {
+        } else if (narrow_group.empty() || (narrow_rows + k < narrow_cap && narrow_rows + k <= batch_cap_)) {
             narrow_group.emplace_back(&s, k);
             narrow_rows += k;
         }

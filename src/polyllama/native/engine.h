@@ -110,8 +110,10 @@ class engine {
   public:
     // ctx/model stay owned by the caller and must outlive the engine. n_slots: the
     // context's n_seq_max. worker/timeout: the RPC guard of the context (may be null).
-    // aligned_regions: give slots 64-aligned regions of a unified cache (exact CPU results,
-    // ARCHITECTURE.md §6.3; some cells left unused between regions, so off on GPUs)
+    // aligned_regions: the CPU's exactness rules (ARCHITECTURE.md §6.3): 64-aligned slot
+    // regions of a unified cache, short prompt chunks read apart from long ones. Off on
+    // GPUs, whose kernels are not exact across batch shapes anyway: regions leave cells
+    // unused, and short prompts are read together there.
     engine(llama_context * ctx, const llama_model * model, remote_worker * worker, double timeout_s,
            int sample_threads, bool aligned_regions);
     ~engine();
@@ -187,6 +189,7 @@ class engine {
     bool                  unified_;
     bool                  can_shift_prefix_;   // partial seq_rm / seq_cp work (not recurrent)
     bool                  placement_ = false;  // slots have regions (unified cache, patch 0001)
+    bool                  exact_ = true;       // CPU: keep each request's arithmetic its own (§6.3)
     int                   sample_threads_;
 
     std::mutex            mu_;          // requests, queue, outputs
