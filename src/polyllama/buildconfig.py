@@ -95,9 +95,10 @@ BACKENDS: Tuple[Backend, ...] = (
             "nor in /usr/local/cuda.",
             offload=True),
     Backend("hip", "GGML_HIP", "ROCm", "build-hip", "HIP (AMD ROCm)", "ROCm HIP SDK",
-            "ROCm with hipBLAS and rocBLAS: on Debian/Ubuntu add AMD's ROCm apt repository and "
-            "`apt-get install rocm-hip-sdk hipblas-dev rocblas-dev` (or `amdgpu-install --usecase=rocm`); "
-            "set ROCM_PATH if it is not in /opt/rocm.",
+            "ROCm >= 6.1 with hipBLAS and rocBLAS: on Debian sid `apt-get install hipcc libamdhip64-dev "
+            "libhipblas-dev librocblas-dev` (HIP 6.4 in /usr; Debian 13's 5.7 is too old); elsewhere add AMD's "
+            "ROCm apt repository and `apt-get install rocm-hip-sdk hipblas-dev rocblas-dev` (or "
+            "`amdgpu-install --usecase=rocm`); set ROCM_PATH if it is in neither /opt/rocm nor /usr.",
             offload=True),
     Backend("sycl", "GGML_SYCL", "SYCL", "build-sycl", "SYCL (Intel oneAPI)",
             "Intel oneAPI DPC++ compiler (icpx)",
@@ -451,17 +452,94 @@ def _probe_nvidia_gpus(info: SdkInfo, env: Mapping[str, str]) -> None:
     info.device_note = f"{len(rows)} NVIDIA GPU{'s' if len(rows) > 1 else ''}: {', '.join(info.devices)}"
 
 
-def _hip_lib(root: str, stem: str) -> Optional[str]:
-    """<root>'s lib<stem>.so* or include/<stem> (AMD's layout and Debian/Ubuntu's)."""
-    patterns = [os.path.join(root, d, f"lib{stem}.so*") for d in ("lib", "lib64")]
+# The pinned ggml-hip refuses older HIP (thirdparty/llama.cpp/ggml/src/ggml-hip/CMakeLists.txt:
+# `if (${hip_VERSION} VERSION_LESS 6.1)`); tests check this against the pinned tree.
+HIP_MIN_VERSION = (6, 1)
+
+# What ggml-hip's CMake needs, by component: the CMake packages it finds (hip-lang for
+# enable_language(HIP), then find_package(hip/hipblas/rocblas)) and the library behind each
+# BLAS. The package names are Debian's (sid) and those of AMD's ROCm apt repository.
+_HIP_PARTS = (
+    ("hip", "the HIP runtime", ("hip", "hip-lang"), "libamdhip64-dev", "hip-dev"),
+    ("hipblas", "hipBLAS", ("hipblas",), "libhipblas-dev", "hipblas-dev"),
+    ("rocblas", "rocBLAS", ("rocblas",), "librocblas-dev", "rocblas-dev"),
+)
+
+
+def _hip_lib_dirs(root: str) -> List[str]:
+    """<root>'s library directories: AMD's layout (lib, lib64) and Debian's (lib/<multiarch>)."""
+    dirs = [os.path.join(root, d) for d in ("lib", "lib64")]
     multiarch = getattr(sys.implementation, "_multiarch", None)
     for triplet in ([multiarch] if multiarch else []) + ["x86_64-linux-gnu"]:
-        patterns.append(os.path.join(root, "lib", triplet, f"lib{stem}.so*"))
-    hit = _glob_first(patterns)
+        dirs.append(os.path.join(root, "lib", triplet))
+    return _dedupe(dirs)
+
+
+def _hip_lib(root: str, stem: str) -> Optional[str]:
+    """<root>'s lib<stem>.so* or include/<stem> (AMD's layout and Debian's)."""
+    hit = _glob_first([os.path.join(d, f"lib{stem}.so*") for d in _hip_lib_dirs(root)])
     if hit:
         return hit
     inc = os.path.join(root, "include", stem)
     return inc if os.path.isdir(inc) else None
+
+
+def _hip_cmake_config(roots: List[str], package: str) -> Optional[str]:
+    """The first <root>/<libdir>/cmake/<package>/<package>-config.cmake (CMake's search order
+    for these prefixes), or None."""
+    for root in roots:
+        for d in _hip_lib_dirs(root):
+            for name in (f"{package}-config.cmake", f"{package}Config.cmake"):
+                path = os.path.join(d, "cmake", package, name)
+                if os.path.isfile(path):
+                    return path
+    return None
+
+
+def _hip_version_tuple(text: Optional[str]) -> Optional[Tuple[int, ...]]:
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    return tuple(int(g) for g in m.groups() if g is not None) if m else None
+
+
+def _hip_file_version(root: str) -> Tuple[Optional[str], str]:
+    """(version, file) from the files a HIP install carries, for when its tools cannot run."""
+    header = os.path.join(root, "include", "hip", "hip_version.h")
+    try:
+        with open(header, encoding="utf-8", errors="replace") as f:
+            text = f.read(64 * 1024)
+        parts = [_search(rf"#define\s+HIP_VERSION_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCH")]
+        if parts[0] and parts[1]:
+            return ".".join(p for p in parts if p), header
+    except OSError:
+        pass
+    for path in (os.path.join(root, ".info", "version"),          # AMD's layout
+                 os.path.join(root, "share", "hip", "version")):  # Debian's (HIP_VERSION_MAJOR=6 ...)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read(64 * 1024)
+        except OSError:
+            continue
+        major, minor = (_search(rf"HIP_VERSION_{k}=(\d+)", text) for k in ("MAJOR", "MINOR"))
+        if major and minor:
+            patch = _search(r"HIP_VERSION_PATCH=(\d+)", text)
+            return ".".join(p for p in (major, minor, patch) if p), path
+        version = _search(r"(\d+(?:\.\d+)+)", text)
+        if version:
+            return version, path
+    return None, ""
+
+
+def _hip_cmake_version(config: str) -> Optional[str]:
+    """PACKAGE_VERSION of the <package>-config-version.cmake next to `config`: the hip_VERSION
+    that ggml-hip compares with 6.1."""
+    d = os.path.dirname(config)
+    for name in (f"{os.path.basename(d)}-config-version.cmake", f"{os.path.basename(d)}ConfigVersion.cmake"):
+        try:
+            with open(os.path.join(d, name), encoding="utf-8", errors="replace") as f:
+                return _search(r'set\(\s*PACKAGE_VERSION\s+"?(\d+(?:\.\d+)+)', f.read())
+        except OSError:
+            continue
+    return None
 
 
 @_never_raises
@@ -474,32 +552,95 @@ def detect_hip(env: Optional[Mapping[str, str]] = None) -> SdkInfo:
             candidates.append((f"${var}", os.path.join(env[var], "bin", "hipcc")))
     candidates.append(("PATH", _which("hipcc", env)))
     candidates.append(("/opt/rocm", host_path("/opt/rocm/bin/hipcc", env)))
+    candidates.append(("/usr/bin", host_path("/usr/bin/hipcc", env)))  # Debian's hipcc package
     hipcc, _ = _first_exe(candidates)
     root = None
     if hipcc is None:
         info.missing.append("hipcc (the ROCm HIP compiler) not found in $ROCM_PATH/bin, $HIP_PATH/bin, "
-                            "on PATH or in /opt/rocm/bin")
-    else:
-        info.tool = hipcc
-        root = _tool_root(hipcc)
-        info.path = root
+                            "on PATH, in /opt/rocm/bin or /usr/bin")
+        _probe_amd_gpus(info, env, root)
+        return info
+    info.tool = hipcc
+    root = _tool_root(hipcc)  # /opt/rocm, or /usr for Debian's /usr/bin/hipcc
+    info.path = root
+
+    # hipconfig (next to hipcc; Debian's is a link to it) knows the HIP version, platform and
+    # the clang that CMake's HIP language uses. On a foreign root (a chroot's hipcc seen from
+    # the host) it may not run: then the files say what they can.
+    hipconfig = os.path.join(os.path.dirname(hipcc), "hipconfig")
+    hipconfig = hipconfig if _is_exe(hipconfig) else _which("hipconfig", env)
+    asked: Dict[str, Optional[str]] = {}
+    if hipconfig:
+        for opt in ("--version", "--platform", "--hipclangpath"):
+            rc, out = _run([hipconfig, opt], env)
+            asked[opt] = out.strip().splitlines()[-1].strip() if rc == 0 and out.strip() else None
+    tool_version = _search(r"^(\d+\.\d+(?:\.\d+)*)", asked.get("--version") or "")
+    how = "hipconfig --version"
+    if tool_version is None:
         rc, out = _run([hipcc, "--version"], env)
-        info.version = _search(r"HIP version:\s*(\d+(?:\.\d+)+)", out) if rc == 0 else None
-        if info.version is None:
-            try:
-                with open(os.path.join(root, ".info", "version"), encoding="utf-8") as f:
-                    info.version = _search(r"(\d+(?:\.\d+)+)", f.read())
-            except OSError:
-                pass
-        # ggml-hip links hipBLAS and rocBLAS; without them CMake fails after minutes of setup.
-        for stem, title in (("hipblas", "hipBLAS"), ("rocblas", "rocBLAS")):
-            hit = _hip_lib(root, stem)
-            if hit:
-                info.notes.append(f"{title}: {hit}")
-            else:
-                info.missing.append(f"{title} not found (no lib{stem}.so* in {root}/lib, "
-                                    f"no {root}/include/{stem}; package {stem}-dev)")
-        info.found = not info.missing
+        tool_version = _search(r"HIP version:\s*(\d+(?:\.\d+)+)", out) if rc == 0 else None
+        how = "hipcc --version"
+    if tool_version is None:
+        tool_version, how = _hip_file_version(root)
+    info.version = tool_version
+    if tool_version:
+        info.notes.append(f"HIP {tool_version} (from {how})")
+
+    platform = asked.get("--platform")
+    if platform and platform not in ("amd", "hcc"):
+        info.missing.append(f"this HIP targets platform {platform!r} (hipconfig --platform), not AMD GPUs: "
+                            "ggml's HIP backend is for AMD GPUs (for NVIDIA build GGML_CUDA=1)")
+
+    # CMake packages where ggml-hip looks first ($ROCM_PATH, else /opt/rocm if it exists,
+    # else /usr), then hipcc's own root and /usr: a second, older ROCm there is what CMake
+    # would take.
+    ggml_root = env.get("ROCM_PATH") if env.get("ROCM_PATH") and os.path.exists(env["ROCM_PATH"]) else (
+        host_path("/opt/rocm", env) if os.path.exists(host_path("/opt/rocm", env)) else host_path("/usr", env))
+    roots = _dedupe([ggml_root, root, host_path("/usr", env)])
+    for stem, title, packages, deb, amd in _HIP_PARTS:
+        gone = [f"CMake package {p} ({p}-config.cmake)" for p in packages if not _hip_cmake_config(roots, p)]
+        lib = _hip_lib(root, stem) if stem != "hip" else "-"
+        if lib is None:
+            gone.insert(0, f"lib{stem}.so* (in {root}/lib, lib64 or lib/<multiarch>; no {root}/include/{stem})")
+        if gone:
+            info.missing.append(f"{title} not found: {'; '.join(gone)}; install Debian's {deb} "
+                                f"(AMD's repository: {amd})")
+        elif lib != "-":
+            info.notes.append(f"{title}: {lib}")
+
+    hip_config = _hip_cmake_config(roots, "hip")
+    cmake_version = _hip_cmake_version(hip_config) if hip_config else None
+    if hip_config:
+        info.notes.append(f"CMake package hip {cmake_version or '(version unknown)'}: {hip_config}")
+    # ggml-hip compares the CMake package's version; the tool's says the same where it alone is known.
+    gate = _hip_version_tuple(cmake_version) or _hip_version_tuple(tool_version)
+    tv, cv = _hip_version_tuple(tool_version), _hip_version_tuple(cmake_version)
+    if tv and cv and tv[:2] != cv[:2]:
+        info.missing.append(f"two ROCm installations are mixed: {hipcc} is HIP {tool_version} but CMake would "
+                            f"take HIP {cmake_version} from {hip_config}; set ROCM_PATH to the one to build with")
+    elif gate is not None and gate[:2] < HIP_MIN_VERSION:
+        info.missing.append(f"HIP {_dotted(gate)} is too old: the pinned ggml-hip needs HIP >= "
+                            f"{_dotted(HIP_MIN_VERSION)}; install ROCm >= {_dotted(HIP_MIN_VERSION)} (Debian sid: "
+                            "hipcc libamdhip64-dev libhipblas-dev librocblas-dev, HIP 6.4; Debian 13's HIP 5.7 "
+                            "is too old) or AMD's ROCm apt repository")
+    elif gate is None:
+        info.notes.append(f"could not tell the HIP version (hipconfig, hipcc --version and the version files "
+                          f"were silent); CMake checks HIP >= {_dotted(HIP_MIN_VERSION)} when it configures")
+
+    # The clang CMake's HIP language compiles with: CMake asks `hipconfig --hipclangpath`
+    # from PATH itself, so the compiler is named only when that hipconfig is not on PATH.
+    clang_dirs = [asked["--hipclangpath"]] if asked.get("--hipclangpath") else [
+        os.path.join(root, "llvm", "bin"), os.path.join(root, "lib", "llvm", "bin")]
+    clang = next((c for c in (os.path.join(d, "clang++") for d in clang_dirs) if _is_exe(c)), None)
+    if clang is None and asked.get("--hipclangpath"):
+        info.missing.append(f"clang++ not found in {asked['--hipclangpath']} (hipconfig --hipclangpath): the "
+                            "clang hipcc runs compiles HIP for CMake (Debian: the clang-NN package hipcc "
+                            "depends on; AMD: rocm-llvm)")
+    elif clang:
+        info.notes.append(f"HIP compiler for CMake: {clang}")
+        if not env.get("HIPCXX") and _which("hipconfig", env) is None:
+            info.cmake["CMAKE_HIP_COMPILER"] = clang
+    info.found = not info.missing
     _probe_amd_gpus(info, env, root)
     return info
 

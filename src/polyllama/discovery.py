@@ -105,15 +105,35 @@ def _hidden_vulkan_cpu_devices() -> int:
     return int(getattr(info, "cpu_type_devices", 0) or 0)
 
 
+# ggml-cuda, which ggml-hip compiles too, logs under its init function's name rather than
+# its registry's ("ggml_cuda_init: failed to initialize ROCm: no ROCm-capable device ...").
+_LOG_PREFIXES = {"CUDA": ("ggml_cuda_init:",), "ROCm": ("ggml_cuda_init:",)}
+
+
 def _registration_lines(registry: str) -> list[str]:
     """What a backend logged about its devices while registering at import.
 
     ggml-opencl, for one, names each device it drops and why ("device does not support
     FP16"); that is the most precise reason there is, so it goes into the status.
     """
-    prefix = f"ggml_{registry.lower()}:"
-    return [line[len(prefix):].strip() for line in core.REGISTRATION_LOG.splitlines()
-            if line.startswith(prefix)]
+    prefixes = (f"ggml_{registry.lower()}:",) + _LOG_PREFIXES.get(registry, ())
+    out = []
+    for line in core.REGISTRATION_LOG.splitlines():
+        prefix = next((p for p in prefixes if line.startswith(p)), None)
+        if prefix:
+            out.append(line[len(prefix):].strip())
+    return out
+
+
+def _amd_gpu_access() -> str:
+    """What the kernel lacks when the ROCm runtime finds no GPU, or "" when nothing visible
+    is: the runtime reaches AMD GPUs through /dev/kfd, the amdgpu driver's compute device."""
+    kfd = buildconfig.host_path("/dev/kfd")
+    if not os.path.exists(kfd):
+        return "/dev/kfd is absent: there is no AMD GPU here, or the amdgpu kernel driver is not loaded"
+    if not os.access(kfd, os.R_OK | os.W_OK):
+        return "this user cannot open /dev/kfd: add it to the render group (and video, on older distributions)"
+    return ""
 
 
 def _built_backends() -> list[str]:
@@ -159,6 +179,8 @@ def backends() -> list[BackendStatus]:
             elif b.name == "opencl":
                 st.reason += ("; ggml-opencl accepts only Adreno/Qualcomm and Intel GPUs "
                               "with OpenCL C >= 2.0 and cl_khr_fp16")
+            elif b.name == "hip" and _amd_gpu_access():
+                st.reason += "; " + _amd_gpu_access()
             said = _registration_lines(b.registry)
             if said:
                 st.reason += "; ggml said: " + " / ".join(said)
