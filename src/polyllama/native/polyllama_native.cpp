@@ -1,4 +1,5 @@
 #include "polyllama_native.h"
+#include "hardening.h"
 
 #include "chat.h"
 #include "common.h"
@@ -32,6 +33,7 @@ namespace polyllama {
 namespace {
 std::mutex                g_log_mutex;
 std::deque<std::string>   g_problems;        // recent WARN/ERROR lines
+std::deque<std::string>   g_errors;          // the ERROR lines among them
 std::string               g_partial;         // a line llama.cpp printed in pieces
 int                       g_partial_level = GGML_LOG_LEVEL_NONE;
 std::atomic<int>          g_stderr_level{GGML_LOG_LEVEL_ERROR + 1};
@@ -57,6 +59,12 @@ void log_callback(ggml_log_level level, const char * text, void * /*user_data*/)
     g_partial += text;
     if (!g_partial.empty() && g_partial.back() == '\n') {
         g_partial.pop_back();
+        if (eff == GGML_LOG_LEVEL_ERROR) {
+            g_errors.push_back(g_partial);
+            if (g_errors.size() > k_max_problems) {
+                g_errors.pop_front();
+            }
+        }
         g_problems.push_back(std::move(g_partial));
         g_partial.clear();
         while (g_problems.size() > k_max_problems) {
@@ -106,9 +114,19 @@ std::string log_recent_problems() {
     return out;
 }
 
+std::string log_recent_errors() {
+    std::lock_guard<std::mutex> lock(g_log_mutex);
+    std::string out;
+    for (const auto & line : g_errors) {
+        out += (out.empty() ? "" : "\n") + line;
+    }
+    return out;
+}
+
 void log_clear() {
     std::lock_guard<std::mutex> lock(g_log_mutex);
     g_problems.clear();
+    g_errors.clear();
     g_partial.clear();
 }
 
@@ -329,6 +347,11 @@ void on_ggml_abort(const char * message) {
         for (;;) {
             std::this_thread::sleep_for(std::chrono::hours(24));
         }
+    }
+    if (message != nullptr && abort_scope_active()) {
+        // inside a load, context creation or tokenize on this thread (hardening.h): unwind to
+        // the catch that turns it into a failed call
+        throw ggml_abort_error(message);
     }
     // anything else: what ggml does without a callback; ggml_abort calls abort() after us
     fprintf(stderr, "%s\n", message ? message : "ggml_abort");

@@ -18,6 +18,7 @@ void        log_install();
 void        log_set_stderr_level(int min_level);  // ggml_log_level; >= 5 prints nothing
 int         log_get_stderr_level();
 std::string log_recent_problems();                // warnings and errors since log_clear()
+std::string log_recent_errors();                  // the errors alone (a failure's reason)
 void        log_clear();
 
 // ---- greedy pick -----------------------------------------------------------------------
