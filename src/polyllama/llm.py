@@ -16,6 +16,8 @@ import json
 import logging
 import math
 import os
+import re
+import stat
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -58,8 +60,31 @@ class GenerationResult:
                 "cached_tokens": self.cached_tokens}
 
 
+# token attributes (llama.h llama_token_attr): what parse_special decides on, and stripping
+_GUARDED_ATTRS = 1 << 3 | 1 << 0        # CONTROL | UNKNOWN
+_LSTRIP, _RSTRIP = 1 << 7, 1 << 8
+_C_SPACE = " \t\n\v\f\r"                # isspace() in the C locale, as llama.cpp strips
+
+
+def _strings_in(value):
+    """Every str inside nested dicts/lists (messages, tools), without recursion."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            yield v
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+            stack.extend(k for k in v if isinstance(k, str))
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+
+
 class ChatTurn:
-    """What a chat template made of one turn, kept to parse the model's reply."""
+    """What a chat template made of one turn, kept to parse the model's reply.
+    prompt_tokens: the tokens the turn was submitted with (set by submit_chat)."""
+
+    prompt_tokens: list | None = None
 
     def __init__(self, chat: dict):
         self.prompt = chat["prompt"]
@@ -692,6 +717,99 @@ class LLM:
         return self._model.apply_chat_template(as_json, tools_json,
                                                json_schema, add_generation_prompt, self._chat_template)
 
+    # ---- special tokens in chat content ----------------------------------------------------
+    def _special_tokens(self):
+        """The model's special tokens (core.Model.special_tokens), and a regex matching the
+        text of those that tokenizing with parse_special=True turns into control tokens."""
+        cached = getattr(self, "_specials_cache", None)
+        if cached is None or cached[0] is not self._model:
+            specials = self._model.special_tokens()
+            guarded = [text for _, text, attr in specials if attr & _GUARDED_ATTRS]
+            pattern = re.compile("|".join(re.escape(t) for t in guarded)) if guarded else None
+            cached = self._specials_cache = (self._model, specials, pattern)
+        return cached[1], cached[2]
+
+    def _chat_prompt_tokens(self, chat: dict, messages, tools, json_schema: str, parse_special: bool) -> list[int]:
+        """The tokens of a chat prompt: the template's special-token text as special tokens,
+        special-token text that came from the messages (or tools) as plain text unless
+        parse_special (what user content cannot then do: end a turn, open a system turn).
+
+        Which is which: the template is rendered a second time with that text in the
+        messages replaced by as many private-use characters; a special token whose text
+        reads the same in both renders is the template's."""
+        prompt = chat["prompt"]
+        if parse_special:
+            return self._prompt_tokens(prompt)
+        specials, pattern = self._special_tokens()
+        if pattern is None or not any(pattern.search(t) for t in _strings_in((messages, tools))):
+            return self._prompt_tokens(prompt)
+
+        def defang(value):
+            if isinstance(value, str):
+                return pattern.sub(lambda m: "\ue000" * len(m.group()), value)
+            if isinstance(value, dict):
+                return {k: defang(v) for k, v in value.items()}
+            if isinstance(value, (list, tuple)):
+                return [defang(v) for v in value]
+            return value
+        other = self.apply_chat_template(defang(messages), tools=defang(tools) if tools else tools,
+                                         json_schema=json_schema)["prompt"]
+        if len(other) != len(prompt):
+            raise TemplateError("a message holds special-token text (e.g. "
+                                f"{pattern.search(' '.join(_strings_in((messages, tools)))).group()!r}) that this "
+                                "chat template reads and reacts to, so it cannot be kept as plain text; remove it, "
+                                "or pass parse_special=True to let it act as a special token")
+        return self._tokenize_partitioned(prompt, specials, lambda a, b: other[a:b] == prompt[a:b])
+
+    def _tokenize_partitioned(self, text: str, specials, keep) -> list[int]:
+        """llama.cpp's tokenize(text, add_special=True, parse_special=True), except that an
+        occurrence of a control token's text at [a, b) with keep(a, b) false stays text.
+
+        The same steps as llama.cpp's tokenizer_st_partition: special tokens longest first,
+        each splitting the raw fragments at its occurrences (with its lstrip/rstrip), then
+        every raw fragment tokenized on its own (tests/test_chat.py compares the two)."""
+        frags = [(0, len(text), None)]
+        for tid, stext, attr in specials:
+            if stext not in text:
+                continue
+            out = []
+            for a, b, t in frags:
+                if t is not None:
+                    out.append((a, b, t))
+                    continue
+                pos = a
+                while True:
+                    k = text.find(stext, pos, b)
+                    if k < 0:
+                        break
+                    e = k + len(stext)
+                    if attr & _GUARDED_ATTRS and not keep(k, e):
+                        pos = e            # text from a message: it stays in the raw fragment
+                        continue
+                    left = k
+                    if attr & _LSTRIP:
+                        while left > a and text[left - 1] in _C_SPACE:
+                            left -= 1
+                    if left > a:
+                        out.append((a, left, None))
+                    out.append((k, e, tid))
+                    if attr & _RSTRIP:
+                        while e < b and text[e] in _C_SPACE:
+                            e += 1
+                    a = pos = e
+                if a < b:
+                    out.append((a, b, None))
+            frags = out
+        ends = self._model.tokenize(b"", True, False)     # what add_special puts around the text
+        head = ends[:1] if ends and self._model.add_bos and ends[0] == self._model.token_bos else []
+        tokens = list(head)
+        for a, b, t in frags:
+            if t is None:
+                tokens += self._model.tokenize(text[a:b].encode("utf-8"), False, False)
+            else:
+                tokens.append(t)
+        return tokens + ends[len(head):]
+
     def _generation_prompt_tokens(self, chat: dict) -> list[int]:
         """Tokens of the template's generation prompt, which libcommon's output grammars
         expect first (as llama.cpp's common sampler feeds them to its grammar)."""
@@ -704,16 +822,21 @@ class LLM:
         return toks
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None, *, stream: bool = False,
-             tools: list[dict] | None = None, response_format: dict | None = None, **kwargs):
+             tools: list[dict] | None = None, response_format: dict | None = None,
+             parse_special: bool = False, **kwargs):
         """Answer OpenAI-style messages using the model's own chat template.
 
         response_format={"type": "json_object"} or {"type": "json_schema", "json_schema":
         {"schema": {...}}} constrains the reply with a grammar made by llama.cpp.
         Returns a GenerationResult whose .message is the parsed assistant message
         (content, tool_calls), or with stream=True an iterator of text pieces.
+
+        Special-token text inside the messages (e.g. "<|im_end|>" in a user's content) stays
+        plain text; parse_special=True lets it act as the special token it spells.
         """
         params = SamplingParams.from_kwargs(params, **kwargs)
-        req, turn = self.submit_chat(messages, params, tools=tools, response_format=response_format)
+        req, turn = self.submit_chat(messages, params, tools=tools, response_format=response_format,
+                                     parse_special=parse_special)
         if stream:
             return req.text_stream()
         res = req.result()
@@ -722,10 +845,12 @@ class LLM:
 
     def submit_chat(self, messages: list[dict], params: SamplingParams | None = None, *,
                     tools: list[dict] | None = None, response_format: dict | None = None,
-                    **kwargs) -> tuple[Request, "ChatTurn"]:
+                    parse_special: bool = False, **kwargs) -> tuple[Request, "ChatTurn"]:
         """Queue a chat turn in the engine: (its Request, a ChatTurn that parses the reply,
         also while it is still partial). What chat() and the server build on."""
         params = SamplingParams.from_kwargs(params, **kwargs)
+        if not isinstance(parse_special, bool):
+            raise TypeError(f"parse_special must be True or False, not {parse_special!r}")
         schema = ""
         if response_format is not None:
             kind = response_format.get("type") if isinstance(response_format, dict) else None
@@ -749,8 +874,11 @@ class LLM:
                 p = SamplingParams.from_kwargs(p, grammar=None, json_schema=None)
             lazy = chat["grammar_triggers"] if chat["grammar_lazy"] else None
             prefill = self._generation_prompt_tokens(chat) if chat["grammar"] and not lazy else ()
-            req = self._submit(chat["prompt"], p, False, grammar=grammar, lazy_patterns=lazy, prefill=prefill)
-        return req, ChatTurn(chat)
+            tokens = self._chat_prompt_tokens(chat, messages, tools, schema, parse_special)
+            req = self._submit(tokens, p, False, grammar=grammar, lazy_patterns=lazy, prefill=prefill)
+        turn = ChatTurn(chat)
+        turn.prompt_tokens = tokens
+        return req, turn
 
     # ---- embeddings ---------------------------------------------------------------------
     def embed(self, texts: str | Sequence[str], *, pooling: str = "mean", normalize: bool = True):
