@@ -259,9 +259,17 @@ def _tool_name(tool) -> str:
     return name if isinstance(name, str) else ""
 
 
+# llama.cpp takes a text's length as an int32_t (llama_tokenize)
+_MAX_TEXT_BYTES = (1 << 31) - 1
+
+
 def _utf8(text, what: str = "text") -> bytes:
     """UTF-8 bytes of text; ValueError for what cannot be UTF-8 (llama.cpp's tokenizers
-    expect valid UTF-8: lone surrogates in a str, invalid sequences in bytes)."""
+    expect valid UTF-8: lone surrogates in a str, invalid sequences in bytes) and for more
+    than 2**31-1 bytes, checked before encoding (a str has at least a byte per character)."""
+    if isinstance(text, (str, bytes, bytearray, memoryview)) and len(text) > _MAX_TEXT_BYTES:
+        raise ValueError(f"{what} is {len(text)} {'characters' if isinstance(text, str) else 'bytes'} long; "
+                         f"llama.cpp takes at most {_MAX_TEXT_BYTES} bytes of text at once: split it")
     if isinstance(text, str):
         try:
             return text.encode("utf-8")
