@@ -493,6 +493,9 @@ SEMANTIC = [
     ("output_norm in Q8_0", _retype("output_norm.weight", "Q8_0"), "ModelLoadError", r"output_norm\.weight"),
     ("token_embd in F16 (fine)", _retype("token_embd.weight", "F16"), "ok", ""),
     ("attn_q in Q8_0 (fine)", _retype("blk.0.attn_q.weight", "Q8_0"), "ok", ""),
+    # weights that are NaN (damaged tensor data, which no check reads): greedy decoding goes
+    # on with garbage, sampling says what is wrong instead of blaming the sampling settings
+    ("NaN weights in token_embd", lambda m: m.tensors[0][1].fill(float("nan")), "DecodeError", r"NaN logits"),
     # per-layer hyperparameters that disagree with each other or with the tensors
     ("head_count_kv per layer [2, 3]", _arr("llama.attention.head_count_kv", [2, 3]), "ModelLoadError", r"head_count_kv|shape"),
     ("head_count_kv per layer [2, 0]", _arr("llama.attention.head_count_kv", [2, 0]), "ModelLoadError", r"head_count_kv|shape"),
