@@ -559,13 +559,13 @@ cdef class Model:
             raise ModelLoadError(f"llama.cpp could not load {path}" + (f": {reason}" if reason else ""),
                                  log=problems)
         self.vocab = llama_model_get_vocab(self.ptr)
-        if self.worker == NULL:
-            # what the vocabulary would abort on at the first tokenize, refused now
-            problem = _native.vocab_problems(self.ptr).decode("utf-8", "replace")
-            if problem:
-                self._free()
-                raise ModelLoadError(f"{path} has an unusable vocabulary: {problem}. The file is damaged "
-                                     "or was written by a faulty converter: download or convert it again.")
+        # what the vocabulary would abort on at the first tokenize, refused now (the
+        # vocabulary is in host memory, also for a model on remote devices)
+        problem = _native.vocab_problems(self.ptr).decode("utf-8", "replace")
+        if problem:
+            self._free()
+            raise ModelLoadError(f"{path} has an unusable vocabulary: {problem}. The file is damaged "
+                                 "or was written by a faulty converter: download or convert it again.")
 
     def __dealloc__(self):
         self._free()
