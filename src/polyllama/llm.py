@@ -599,6 +599,11 @@ class LLM:
         self.close()
 
     def __del__(self):
+        # LLM and its Engine refer to each other, so the cyclic GC runs this at any allocation;
+        # a Ctrl-C that Python raises in here is lost ("Exception ignored"): do as little
+        # Python as possible when there is nothing left to free
+        if getattr(self, "_model", None) is None and getattr(self, "_ctx", None) is None:
+            return
         try:
             self.close()
         except Exception:
