@@ -48,6 +48,8 @@ from polyllama import LLM, Tokenizer, SamplingParams
 M = os.environ["CASE_MODEL"]
 FILES = os.environ.get("CASE_FILES", "")
 INF = float("inf")
+class Hung(Exception):
+    """Raised by a case that watched something hang (a forked child): counted as a hang."""
 def small(model=None, **kw):
     kw = {"backend": "cpu", "n_threads": 1, "n_ctx": 256, **kw}
     return LLM(model or M, **kw)
@@ -291,7 +293,7 @@ CASES: list[Case] = [
             time.sleep(0.1)
         else:
             os.kill(pid, 9)
-            raise RuntimeError("the forked child hung")
+            raise Hung("the forked child hung")
         code = os.waitstatus_to_exitcode(status)
         if code not in (0, 4):
             raise RuntimeError(f"the forked child exited with {code}")
@@ -313,7 +315,7 @@ CASES: list[Case] = [
         p.join(60)
         if p.is_alive():
             p.kill()
-            raise RuntimeError("the multiprocessing child hung")
+            raise Hung("the multiprocessing child hung")
         kind, what = q.get(timeout=5)
         assert kind == "ok" or (kind == "PolyllamaError" and "fork" in what), (kind, what)
         """),
@@ -550,7 +552,10 @@ def run_case(case: Case, model: str, files_dir: Path, src: Path = ROOT / "src") 
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
-            return Outcome("hang", f"no result after {case.timeout:.0f} s", time.monotonic() - t0)
+            said = out.decode("utf-8", "replace") + err.decode("utf-8", "replace")
+            where = "after printing its result (at exit)" if "CASE-RESULT" in said else "without a result"
+            tail = " | ".join(said.strip().splitlines()[-3:])[-300:]
+            return Outcome("hang", f"killed after {case.timeout:.0f} s, {where}: {tail}", time.monotonic() - t0)
         elapsed = time.monotonic() - t0
     out_s = out.decode("utf-8", "replace")
     err_s = err.decode("utf-8", "replace")
@@ -580,6 +585,8 @@ def run_case(case: Case, model: str, files_dir: Path, src: Path = ROOT / "src") 
     if proc.returncode != 0:
         return Outcome("crash", f"result then exit {proc.returncode}: {res}", elapsed, res)
     allowed = case.expect.split("|")
+    if res.get("type") == "Hung":
+        return Outcome("hang", res["message"], elapsed, res)
     if res["outcome"] == "ok":
         got = "ok"
         verdict = "pass" if "ok" in allowed else "wrong"
