@@ -112,8 +112,21 @@ def parse_layout(buf: bytes) -> Layout:
 
 
 # ---- the synthetic model ------------------------------------------------------------------
-def write_synthetic_model(path: str | os.PathLike) -> str:
-    """A tiny but complete llama model: loads, tokenizes and generates (garbage) text."""
+@dataclass
+class _Model:
+    kv: dict
+    tensors: list
+    writer: object
+
+
+def write_synthetic_model(path: str | os.PathLike, edit=None) -> str:
+    """A tiny but complete llama model: loads, tokenizes and generates (garbage) text.
+
+    edit(model), when given, changes the model before it is written: model.kv is the
+    writer's {key: GGUFValue} (general.architecture included), model.tensors a list of
+    [name, array, raw_dtype or None] in file order, model.writer the gguf.GGUFWriter.
+    Without it the file is always the same bytes (the damaged corpus is derived from them).
+    """
     import gguf
     n_embd, n_layer, n_head, n_head_kv, n_ff = 32, 2, 4, 2, 64
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + \
@@ -144,19 +157,23 @@ def write_synthetic_model(path: str | os.PathLike) -> str:
     def t(*shape):
         return (rng.standard_normal(shape) * 0.1).astype(np.float32)
     kv = n_head_kv * (n_embd // n_head)
-    w.add_tensor("token_embd.weight", t(len(tokens), n_embd))
+    tensors = [["token_embd.weight", t(len(tokens), n_embd), None]]
     for i in range(n_layer):
         p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", np.ones(n_embd, np.float32))
-        w.add_tensor(p + "attn_q.weight", t(n_embd, n_embd))
-        w.add_tensor(p + "attn_k.weight", t(kv, n_embd))
-        w.add_tensor(p + "attn_v.weight", t(kv, n_embd))
-        w.add_tensor(p + "attn_output.weight", t(n_embd, n_embd))
-        w.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, np.float32))
-        w.add_tensor(p + "ffn_gate.weight", t(n_ff, n_embd))
-        w.add_tensor(p + "ffn_up.weight", t(n_ff, n_embd))
-        w.add_tensor(p + "ffn_down.weight", t(n_embd, n_ff))
-    w.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
+        tensors += [[p + "attn_norm.weight", np.ones(n_embd, np.float32), None],
+                    [p + "attn_q.weight", t(n_embd, n_embd), None],
+                    [p + "attn_k.weight", t(kv, n_embd), None],
+                    [p + "attn_v.weight", t(kv, n_embd), None],
+                    [p + "attn_output.weight", t(n_embd, n_embd), None],
+                    [p + "ffn_norm.weight", np.ones(n_embd, np.float32), None],
+                    [p + "ffn_gate.weight", t(n_ff, n_embd), None],
+                    [p + "ffn_up.weight", t(n_ff, n_embd), None],
+                    [p + "ffn_down.weight", t(n_embd, n_ff), None]]
+    tensors.append(["output_norm.weight", np.ones(n_embd, np.float32), None])
+    if edit is not None:
+        edit(_Model(w.kv_data[0], tensors, w))
+    for name, data, raw_dtype in tensors:
+        w.add_tensor(name, data, raw_dtype=raw_dtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file(progress=False)
@@ -343,6 +360,230 @@ def build_corpus(outdir: str | os.PathLike, smol_path: str | os.PathLike | None,
                     if len(buf) < size:
                         g.truncate(size)
             items.append((str(path), label, name))
+    return items
+
+
+# ---- semantic damage: valid structure, values that mean nothing ---------------------------
+# gguf_check and llama.cpp read these files without a structural error; what is wrong is
+# what a value means (or how two values fit together). Each entry: (name, edit, expected
+# outcome, regex of the message). The expected outcome is ModelLoadError at LLM()/Tokenizer()
+# naming the key, or "ok" where llama.cpp copes (the file loads, tokenizes and generates).
+
+def _gv(value, vtype_name, sub=None):
+    import gguf
+    from gguf.gguf_writer import GGUFValue
+    t = gguf.GGUFValueType
+    return GGUFValue(value=value, type=t[vtype_name], sub_type=t[sub] if sub else None)
+
+
+def _set(key, value, vtype="UINT32", sub=None):
+    def edit(m):
+        m.kv[key] = _gv(value, vtype, sub)
+    return edit
+
+
+def _drop(*keys):
+    def edit(m):
+        for k in keys:
+            m.kv.pop(k, None)
+    return edit
+
+
+def _both(*edits):
+    def edit(m):
+        for e in edits:
+            e(m)
+    return edit
+
+
+def _tokens(**changes):
+    """Replace token texts by id: _tokens(t262="...")."""
+    def edit(m):
+        toks = list(m.kv["tokenizer.ggml.tokens"].value)
+        for k, v in changes.items():
+            toks[int(k[1:])] = v
+        m.kv["tokenizer.ggml.tokens"] = _gv(toks, "ARRAY", "STRING")
+    return edit
+
+
+def _retype(name, dtype_name):
+    """Store tensor `name` as another ggml type (same values, converted)."""
+    def edit(m):
+        import gguf
+        q = gguf.GGMLQuantizationType[dtype_name]
+        for t in m.tensors:
+            if t[0] == name:
+                data = t[1]
+                if dtype_name in ("F32", "F16", "F64", "I8", "I16", "I32", "I64"):
+                    np_t = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8,
+                            "I16": np.int16, "I32": np.int32, "I64": np.int64}[dtype_name]
+                    t[1], t[2] = data.astype(np_t), None
+                else:
+                    t[1], t[2] = gguf.quants.quantize(data, q), q
+                return
+        raise KeyError(name)
+    return edit
+
+
+def _arch(new):
+    """Call the model another architecture (every llama.* key renamed)."""
+    def edit(m):
+        items = list(m.kv.items())
+        m.kv.clear()
+        for k, v in items:
+            if k == "general.architecture":
+                v = _gv(new, "STRING")
+            elif k.startswith("llama."):
+                k = new + k[len("llama"):]
+            m.kv[k] = v
+    return edit
+
+
+def _arr(key, values, sub="INT32"):
+    return _set(key, list(values), "ARRAY", sub)
+
+
+_TOK = r"tokenizer\.ggml"
+SEMANTIC = [
+    # alignment: a power of two, so gguf accepts it, but tensors then start at offsets ggml's
+    # CPU buffers refuse (they must be 32-byte aligned in the mapping)
+    ("alignment=1, data at an odd offset", "alignment:1", "ModelLoadError", r"general\.alignment"),
+    ("alignment=8, data off 32 bytes", "alignment:8", "ModelLoadError", r"general\.alignment"),
+    ("alignment=16, data off 32 bytes", "alignment:16", "ModelLoadError", r"general\.alignment"),
+    ("alignment=64", "alignment:64", "ok", ""),
+    # token texts: C strings stop at NUL; llama.cpp renames an empty token "[EMPTY_<id>]"
+    ("tokens equal up to an embedded NUL", _tokens(t262="\u2581c\0at", t263="\u2581c\0sat"),
+     "ModelLoadError", _TOK + r"\.tokens.*(NUL|twice)"),
+    ("a token with an embedded NUL", _tokens(t262="\u2581c\0at"), "ok", ""),
+    ("an empty token renamed onto another", _tokens(t264="", t265="[EMPTY_264]"),
+     "ModelLoadError", _TOK + r"\.tokens.*EMPTY_264"),
+    ("an empty token", _tokens(t264=""), "ok", ""),
+    # tokenizer models that do not fit the vocabulary
+    ("bert over byte tokens", _set("tokenizer.ggml.model", "bert", "STRING"), "ModelLoadError",
+     _TOK + r"\.model.*bert"),
+    ("rwkv over an SPM vocabulary", _set("tokenizer.ggml.model", "rwkv", "STRING"), "ModelLoadError",
+     _TOK + r"\.model.*rwkv|newline|vocabulary has no token"),
+    ("no_vocab with a vocab_size", _both(_set("tokenizer.ggml.model", "no_vocab", "STRING"),
+                                        _set("llama.vocab_size", 266)), "ModelLoadError", r"no_vocab|no vocabulary"),
+    ("no_vocab", _set("tokenizer.ggml.model", "no_vocab", "STRING"), "ModelLoadError", r"no_vocab|no vocabulary"),
+    ("gpt2 without merges", _set("tokenizer.ggml.model", "gpt2", "STRING"), "ModelLoadError", r"merges"),
+    ("gpt2 whose merges name no byte tokens",
+     _both(_set("tokenizer.ggml.model", "gpt2", "STRING"),
+           _arr("tokenizer.ggml.merges", ["\u2581 t", "h e"], "STRING")), "ModelLoadError|ValueError",
+     r"gives no tokens|vocabulary"),
+    ("t5 (unigram) over an SPM vocabulary", _set("tokenizer.ggml.model", "t5", "STRING"), "ok|ModelLoadError", _TOK),
+    ("plamo2 over an SPM vocabulary", _set("tokenizer.ggml.model", "plamo2", "STRING"), "ok|ModelLoadError", _TOK),
+    ("the test tokenizer", _set("tokenizer.ggml.model", "test", "STRING"), "ok|ModelLoadError", _TOK),
+    # special tokens the tokenizer must add but cannot
+    ("add_bos_token without a BOS token (t5)",
+     _both(_set("tokenizer.ggml.model", "t5", "STRING"), _drop("tokenizer.ggml.bos_token_id"),
+           _set("tokenizer.ggml.add_bos_token", True, "BOOL")), "ModelLoadError", _TOK + r"\.add_bos_token"),
+    ("add_eos_token without an EOS token (rwkv)",
+     _both(_set("tokenizer.ggml.model", "test", "STRING"), _drop("tokenizer.ggml.eos_token_id"),
+           _set("tokenizer.ggml.add_eos_token", True, "BOOL")), "ModelLoadError", _TOK + r"\.add_eos_token"),
+    ("NaN token scores", lambda m: m.kv.__setitem__("tokenizer.ggml.scores", _gv(
+        [float("nan")] * 266, "ARRAY", "FLOAT32")), "ModelLoadError", _TOK + r"\.scores"),
+    ("an infinite token score (fine)", lambda m: m.kv.__setitem__("tokenizer.ggml.scores", _gv(
+        [0.0] * 265 + [float("-inf")], "ARRAY", "FLOAT32")), "ok", ""),
+    # weights in types ggml-cpu cannot compute with
+    ("token_embd in I32", _retype("token_embd.weight", "I32"), "ModelLoadError", r"token_embd\.weight"),
+    ("attn_q in F64", _retype("blk.0.attn_q.weight", "F64"), "ModelLoadError", r"blk\.0\.attn_q\.weight"),
+    ("ffn_up in I8", _retype("blk.1.ffn_up.weight", "I8"), "ModelLoadError", r"blk\.1\.ffn_up\.weight"),
+    ("attn_norm in F16", _retype("blk.0.attn_norm.weight", "F16"), "ModelLoadError|ok", r"blk\.0\.attn_norm\.weight"),
+    ("output_norm in Q8_0", _retype("output_norm.weight", "Q8_0"), "ModelLoadError", r"output_norm\.weight"),
+    ("token_embd in F16 (fine)", _retype("token_embd.weight", "F16"), "ok", ""),
+    ("attn_q in Q8_0 (fine)", _retype("blk.0.attn_q.weight", "Q8_0"), "ok", ""),
+    # weights that are NaN (damaged tensor data, which no check reads): greedy decoding goes
+    # on with garbage, sampling says what is wrong instead of blaming the sampling settings
+    ("NaN weights in token_embd", lambda m: m.tensors[0][1].fill(float("nan")), "DecodeError", r"NaN logits"),
+    # per-layer hyperparameters that disagree with each other or with the tensors
+    ("head_count_kv per layer [2, 3]", _arr("llama.attention.head_count_kv", [2, 3]), "ModelLoadError", r"head_count_kv|shape"),
+    ("head_count_kv per layer [2, 0]", _arr("llama.attention.head_count_kv", [2, 0]), "ModelLoadError", r"head_count_kv|shape"),
+    ("head_count_kv array longer than block_count", _arr("llama.attention.head_count_kv", [2, 2, 2]),
+     "ModelLoadError", r"head_count_kv"),
+    ("head_count_kv array shorter than block_count", _arr("llama.attention.head_count_kv", [2]),
+     "ModelLoadError", r"head_count_kv"),
+    ("head_count per layer [4, 3]", _arr("llama.attention.head_count", [4, 3]), "ModelLoadError", r"head_count"),
+    ("head_count_kv 3 does not divide head_count 4", _set("llama.attention.head_count_kv", 3),
+     "ModelLoadError", r"head_count"),
+    ("rope.dimension_count above the head size", _set("llama.rope.dimension_count", 64),
+     "ModelLoadError", r"rope\.dimension_count"),
+    ("rope.dimension_count odd", _set("llama.rope.dimension_count", 7), "ModelLoadError|ok", r"rope\.dimension_count"),
+    # an architecture whose required fields are missing
+    ("qwen2moe without experts", _arch("qwen2moe"), "ModelLoadError", r"expert|qwen2moe"),
+    ("qwen3moe without experts", _arch("qwen3moe"), "ModelLoadError", r"expert|qwen3moe"),
+    ("olmoe without experts", _arch("olmoe"), "ModelLoadError", r"expert|olmoe"),
+    ("deepseek2 without its fields", _arch("deepseek2"), "ModelLoadError", r"deepseek2|expert|lora|key"),
+    ("mamba with llama's fields", _arch("mamba"), "ModelLoadError", r"mamba|ssm|key"),
+    ("gemma3 with llama's fields", _arch("gemma3"), "ModelLoadError|ok", r"gemma3|key|tensor"),
+    ("llama with expert_count but no expert tensors",
+     _both(_set("llama.expert_count", 4), _set("llama.expert_used_count", 2)), "ModelLoadError", r"expert|tensor"),
+    # values that make no sense, accepted silently before
+    ("context_length 2**32-1 with n_ctx=0", _set("llama.context_length", 0xFFFFFFFF),
+     "ModelLoadError|InsufficientMemoryError|ValueError", r"context_length|n_ctx"),
+    ("rope.freq_base NaN", _set("llama.rope.freq_base", float("nan"), "FLOAT32"), "ModelLoadError", r"rope\.freq_base"),
+    ("rope.freq_base -inf", _set("llama.rope.freq_base", float("-inf"), "FLOAT32"), "ModelLoadError", r"rope\.freq_base"),
+    ("rope.freq_base 0", _set("llama.rope.freq_base", 0.0, "FLOAT32"), "ModelLoadError", r"rope\.freq_base"),
+    ("rope.scaling.factor NaN", _set("llama.rope.scaling.factor", float("nan"), "FLOAT32"), "ModelLoadError",
+     r"rope\.scaling\.factor"),
+    ("logit_scale inf", _set("llama.logit_scale", float("inf"), "FLOAT32"), "ModelLoadError", r"logit_scale"),
+    ("attention.scale NaN", _set("llama.attention.scale", float("nan"), "FLOAT32"), "ModelLoadError", r"attention\.scale"),
+    ("vocab_size 0", _set("llama.vocab_size", 0), "ModelLoadError", r"vocab_size"),
+    # llama.cpp reads {arch}.vocab_size only without a vocabulary: a wrong one is harmless
+    ("vocab_size larger than the vocabulary (unused)", _set("llama.vocab_size", 100000), "ok", ""),
+    ("pooling_type 1000", _set("llama.pooling_type", 1000), "ModelLoadError", r"pooling_type"),
+    ("context_length 0", _set("llama.context_length", 0), "ModelLoadError|ok", r"context_length"),
+    ("a chat template that recurses forever", _set(
+        "tokenizer.chat_template", "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "STRING"), "ok", ""),
+]
+# files some cases of tests/crash_cases.py load by name
+_NAMED = {"recursive-template": "a chat template that recurses forever",
+          "rwkv-on-spm": "rwkv over an SPM vocabulary"}
+
+
+def _file_name(name: str) -> str:
+    return name + ".gguf"
+
+
+def _aligned_variant(path: Path, alignment: int) -> None:
+    """The synthetic model with general.alignment = `alignment` (< 32: with general.name
+    padded so that the tensor data does not start on a 32-byte boundary)."""
+    for pad in range(64):
+        def edit(m):
+            m.writer.data_alignment = alignment
+            m.kv["general.alignment"] = _gv(alignment, "UINT32")
+            m.kv["general.name"] = _gv("polyllama-corrupt-test" + "x" * pad, "STRING")
+        write_synthetic_model(path, edit)
+        buf = path.read_bytes()
+        lay = parse_layout(buf)
+        if alignment >= 32 or lay.data_start % 32:
+            return
+    raise AssertionError(f"no padding puts the data of alignment {alignment} off 32 bytes")
+
+
+def write_semantic_variants(outdir: str | os.PathLike) -> list:
+    """Write every SEMANTIC variant into outdir as '<name>.gguf' (plus the named copies
+    crash_cases.py loads); returns [(path, name, expect, match)]."""
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    items = []
+    for name, edit, expect, match in SEMANTIC:
+        path = out / _file_name(name)
+        if isinstance(edit, str) and edit.startswith("alignment:"):
+            _aligned_variant(path, int(edit.split(":")[1]))
+        else:
+            write_synthetic_model(path, edit)
+        items.append((str(path), name, expect, match))
+    for alias, name in _NAMED.items():
+        (out / f"{alias}.gguf").write_bytes((out / _file_name(name)).read_bytes())
+    # a model whose block 1 lost its output projection, with vocabulary warnings logged
+    # before llama.cpp fails on that: its error must be what the message shows
+    def missing(m):
+        m.tensors[:] = [t for t in m.tensors if t[0] != "blk.1.attn_output.weight"]
+        _tokens(t264="", t265="")(m)
+        _set("tokenizer.ggml.bos_token_id", 9999)(m)
+        _set("tokenizer.ggml.eos_token_id", 9998)(m)
+    write_synthetic_model(out / "missing-tensor.gguf", missing)
     return items
 
 

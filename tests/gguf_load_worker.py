@@ -6,7 +6,8 @@ abort in llama.cpp), the parent sees BEGIN without END and knows which file kill
 
 The json is {"outcome": "loaded" | "error", "exception": class name, "message": text,
 "polyllama": whether it is a PolyllamaError}. A file that loads is also asked to tokenize
-and generate two tokens, so damage that only shows later is caught as well.
+and generate two tokens (greedy, then sampled), so damage that only shows later is caught
+as well. With GGUF_WORKER_TOKENIZER=1 it also reports what Tokenizer(path) does.
 """
 from __future__ import annotations
 
@@ -19,7 +20,34 @@ import sys
 resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
 
 
+def try_tokenizer(path: str) -> dict:
+    """What Tokenizer(path) does (vocabulary only): {} when it loads and tokenizes."""
+    from polyllama import PolyllamaError, Tokenizer
+    try:
+        t = Tokenizer(path)
+    except Exception as e:
+        return {"exception": type(e).__name__, "message": str(e)[:500], "polyllama": isinstance(e, PolyllamaError)}
+    try:
+        t.tokenize("hello world")
+        return {}
+    except Exception as e:
+        return {"loaded": True, "exception": type(e).__name__, "message": str(e)[:500],
+                "polyllama": isinstance(e, PolyllamaError)}
+    finally:
+        t.close()
+
+
 def try_file(path: str) -> dict:
+    from polyllama import LLM, PolyllamaError
+    if os.environ.get("GGUF_WORKER_TOKENIZER") == "1":
+        tok = try_tokenizer(path)
+        res = try_file_llm(path)
+        res["tokenizer"] = tok
+        return res
+    return try_file_llm(path)
+
+
+def try_file_llm(path: str) -> dict:
     from polyllama import LLM, PolyllamaError
     try:
         llm = LLM(path, backend="cpu", n_ctx=64, n_batch=64, n_ubatch=64, n_seq_max=1, n_threads=1)
@@ -29,6 +57,7 @@ def try_file(path: str) -> dict:
     try:
         llm.tokenize("hello world")
         llm.generate("hello", max_tokens=2)
+        llm.generate("hello", max_tokens=2, temperature=0.7, seed=1)   # the sampler chain too
         return {"outcome": "loaded"}
     except Exception as e:
         return {"outcome": "loaded", "exception": type(e).__name__, "message": str(e)[:500],

@@ -16,6 +16,13 @@ SMALL = dict(backend="cpu", n_ctx=64, n_threads=2)
 USER = [{"role": "user", "content": "Hi"}]
 
 
+def _nested(depth):
+    schema = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 def new(**kw):
     return lambda llm, path: LLM(path, **{**SMALL, **kw})
 
@@ -26,16 +33,25 @@ CASES = [
     ("model is an int", lambda llm, p: LLM(123, **SMALL), TypeError, r"model must be a path, not int"),
     ("model file missing", lambda llm, p: LLM("/nonexistent/m.gguf", **SMALL), ModelLoadError,
      r"model file not found: /nonexistent/m\.gguf"),
-    ("model is a directory", lambda llm, p: LLM("/tmp", **SMALL), ModelLoadError, r"model file not found: /tmp"),
+    ("model is a directory", lambda llm, p: LLM("/tmp", **SMALL), ModelLoadError,
+     r"the model path /tmp is a directory; give the path of a \.gguf file"),
+    ("model is /dev/zero", lambda llm, p: LLM("/dev/zero", **SMALL), ModelLoadError,
+     r"/dev/zero is a character device, not a regular file"),
     ("n_ctx negative", new(n_ctx=-1), ValueError, r"n_ctx must be between 0 and 16777216, got -1"),
     ("n_ctx huge", new(n_ctx=1 << 30), ValueError, r"n_ctx must be between 0 and 16777216"),
     ("n_ctx a str", new(n_ctx="4096"), TypeError, r"n_ctx must be an int, not '4096'"),
     ("n_ctx a float", new(n_ctx=64.0), TypeError, r"n_ctx must be an int, not 64\.0"),
     ("n_ctx beyond memory", new(n_ctx=1 << 24), InsufficientMemoryError,
      r"n_ctx=16777216 needs \d+ MiB of host memory .* use a smaller n_ctx"),
-    ("n_batch zero", new(n_batch=0), ValueError, r"n_batch and n_ubatch must be >= 1"),
-    ("n_ubatch negative", new(n_ubatch=-5), ValueError, r"n_batch and n_ubatch must be >= 1"),
-    ("n_seq_max too large", new(n_seq_max=1000), ValueError, r"n_seq_max between 1 and 256"),
+    ("n_batch zero", new(n_batch=0), ValueError, r"n_batch must be between 1 and 16777216, got 0"),
+    ("n_ubatch negative", new(n_ubatch=-5), ValueError, r"n_ubatch must be between 1 and 16777216, got -5"),
+    ("n_batch 2**31", new(n_batch=2**31), ValueError, r"n_batch must be between 1 and 16777216, got 2147483648"),
+    ("n_batch below n_seq_max", new(n_batch=7), ValueError, r"n_batch \(7\) must be at least n_seq_max \(8\)"),
+    ("n_ctx below n_seq_max", new(n_ctx=7), ValueError, r"n_ctx \(7\) must be at least n_seq_max \(8\)"),
+    ("n_seq_max too large", new(n_seq_max=1000), ValueError, r"n_seq_max must be between 1 and 256, got 1000"),
+    ("use_mmap a str", new(use_mmap="no"), TypeError, r"use_mmap must be True or False, not 'no'"),
+    ("chat_template with a lone surrogate", new(chat_template="{{ 1 }}\udc80"), ValueError,
+     r"chat_template contains '\\udc80' at index 7, a lone surrogate"),
     ("n_seq_max None", new(n_seq_max=None), TypeError, r"n_seq_max must be an int, not None"),
     ("n_threads zero", new(n_threads=0), ValueError, r"n_threads must be between 1 and 1024, got 0"),
     ("n_threads a str", new(n_threads="2"), TypeError, r"n_threads must be a positive int or None, not '2'"),
@@ -66,8 +82,12 @@ CASES = [
     ("bytes prompt", lambda llm, p: llm.generate(b"hi", max_tokens=1), TypeError,
      r"prompt must be a non-empty string or list of token ids, not bytes"),
     ("dict prompt", lambda llm, p: llm.generate({"a": 1}, max_tokens=1), TypeError, r"not dict"),
-    ("float token ids", lambda llm, p: llm.generate([1.5, 2.0], max_tokens=1), TypeError, r"not list"),
-    ("mixed str and int prompts", lambda llm, p: llm.generate(["a", 1], max_tokens=1), TypeError, r"not list"),
+    ("float token ids", lambda llm, p: llm.generate([1.5, 2.0], max_tokens=1), TypeError,
+     r"token ids must be ints, not float \(1\.5 at index 0\)"),
+    ("bool token ids", lambda llm, p: llm.generate([True, 5], max_tokens=1), TypeError,
+     r"token ids must be ints, not bool \(True at index 0\)"),
+    ("mixed str and int prompts", lambda llm, p: llm.generate(["a", 1], max_tokens=1), TypeError,
+     r"a prompt list holds either prompts \(strings or token-id lists\) or token ids, not both"),
     ("negative token id", lambda llm, p: llm.generate([-1], max_tokens=1), ValueError,
      r"token id -1 in the prompt is out of range 0\.\.49151"),
     ("token id past the vocabulary", lambda llm, p: llm.generate([49152], max_tokens=1), ValueError,
@@ -100,6 +120,11 @@ CASES = [
      r"temperature must be a finite number, not inf"),
     ("top_p above 1", lambda llm, p: llm.generate("hi", top_p=1.5), ValueError, r"top_p must be <= 1\.0, got 1\.5"),
     ("top_k negative", lambda llm, p: llm.generate("hi", top_k=-1), ValueError, r"top_k must be >= 0, got -1"),
+    ("top_k 2**31", lambda llm, p: llm.generate("hi", top_k=2**31), ValueError, r"top_k must be <= 2147483647"),
+    ("repeat_last_n 2**63", lambda llm, p: llm.generate("hi", repeat_last_n=2**63), ValueError,
+     r"repeat_last_n must be <= 2147483647"),
+    ("stop with a lone surrogate", lambda llm, p: llm.generate("hi", stop=["\udc80"]), ValueError,
+     r"stop string contains '\\udc80' at index 0, a lone surrogate"),
     ("min_p a str", lambda llm, p: llm.generate("hi", min_p="0.1"), TypeError, r"min_p must be a finite number"),
     ("repeat_last_n below -1", lambda llm, p: llm.generate("hi", repeat_last_n=-2), ValueError,
      r"repeat_last_n must be >= -1, got -2"),
@@ -121,6 +146,16 @@ CASES = [
     ("logit_bias token out of range", lambda llm, p: llm.generate("hi", max_tokens=1, logit_bias={10 ** 6: 1.0}),
      ValueError, r"logit_bias token id 1000000 out of range 0\.\.49151"),
     ("grammar not a string", lambda llm, p: llm.generate("hi", grammar=5), TypeError, r"grammar must be a GBNF string"),
+    ("grammar with a lone surrogate", lambda llm, p: llm.generate("hi", grammar='root ::= "\udc80"'), ValueError,
+     r"grammar contains '\\udc80' at index 10, a lone surrogate"),
+    ("grammar nested 30,000 deep", lambda llm, p: llm.generate(
+        "hi", max_tokens=1, grammar="root ::= " + "(" * 30000 + '"a"' + ")" * 30000), GrammarError,
+     r"the grammar nests parentheses 30000 deep; grammars are taken up to 10000 levels"),
+    ("json_schema nested 3,000 deep", lambda llm, p: llm.generate("hi", max_tokens=1, json_schema=_nested(3000)),
+     GrammarError, r"json_schema is nested more than 1000 levels deep"),
+    ("json_schema text nested 100,000 deep", lambda llm, p: llm.generate(
+        "hi", max_tokens=1, json_schema='{"items": ' * 100000 + "{}" + "}" * 100000), GrammarError,
+     r"json_schema is nested too deeply"),
     ("grammar unbalanced", lambda llm, p: llm.generate("hi", max_tokens=1, grammar="root ::= ("), GrammarError,
      r"failed to parse grammar \(expecting '\)' at the end of the grammar\)\. Check the GBNF syntax"),
     ("grammar without root", lambda llm, p: llm.generate("hi", max_tokens=1, grammar='answer ::= "a"'), GrammarError,
@@ -150,6 +185,12 @@ CASES = [
      r"messages and tools must be JSON-serializable.*bytes"),
     ("chat content with a lone surrogate", lambda llm, p: llm.chat([{"role": "user", "content": "\udc80"}]),
      ValueError, r"a lone surrogate that is not valid in UTF-8"),
+    ("chat content NaN", lambda llm, p: llm.chat([{"role": "user", "content": float("nan")}]), ValueError,
+     r"messages and tools must be valid JSON, which has no NaN or infinity"),
+    ("chat parse_special a str", lambda llm, p: llm.chat(USER, parse_special="yes"), TypeError,
+     r"parse_special must be True or False, not 'yes'"),
+    ("chat_template that recurses forever", new(chat_template="{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}"),
+     TemplateError, r"chat_template cannot be used .*recurses more than 1000 statements deep"),
     ("chat tools a str", lambda llm, p: llm.chat(USER, tools="search"), TypeError,
      r"tools must be a list of OpenAI-style tool definitions, not str"),
     ("chat response_format unknown", lambda llm, p: llm.chat(USER, response_format={"type": "xml"}), ValueError,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -21,16 +22,18 @@ from pathlib import Path
 
 import pytest
 
-from gguf_corpus import build_corpus
+from gguf_corpus import build_corpus, write_semantic_variants
 
 HERE = Path(__file__).resolve().parent
 PER_FILE_TIMEOUT_S = 30
 
 
-def load_all(paths: list[str], log_dir: Path) -> dict[int, dict]:
+def load_all(paths: list[str], log_dir: Path, tokenizer: bool = False) -> dict[int, dict]:
     """Load every path in worker processes; {index: result}. A crash gives
-    {"outcome": "crash", "signal"/"returncode": ..., "stderr": last lines}."""
+    {"outcome": "crash", "signal"/"returncode": ..., "stderr": last lines}. tokenizer=True:
+    each result also says what Tokenizer(path) did."""
     env = dict(os.environ)
+    env["GGUF_WORKER_TOKENIZER"] = "1" if tokenizer else "0"
     env["GGML_NO_BACKTRACE"] = "1"   # ggml would run gdb for a backtrace on abort: slow
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
     results: dict[int, dict] = {}
@@ -126,3 +129,45 @@ def test_corrupt_gguf_files_raise_instead_of_crashing(corpus):
                 assert results[i]["exception"] == "ModelLoadError", (label, name, results[i])
                 assert text in results[i]["message"] and "download or convert it again" in results[i]["message"], \
                     (label, name, results[i]["message"])
+
+
+def test_semantic_damage_fails_at_load_naming_the_key(tmp_path):
+    """Files whose structure is valid but whose values mean nothing (tests/gguf_corpus.py
+    SEMANTIC): ModelLoadError from LLM() naming the key, never a signal and never at a later
+    call; a vocabulary problem fails Tokenizer() the same way. Harmless ones load and run."""
+    # (the context_length one needs n_ctx=0: test_context_length_beyond_what_llm_takes_with_n_ctx_0)
+    items = [it for it in write_semantic_variants(tmp_path) if "n_ctx=0" not in it[1]]
+    results = load_all([p for p, _, _, _ in items], tmp_path, tokenizer=True)
+    bad = []
+    for i, (path, name, expect, match) in enumerate(items):
+        r = results[i]
+        allowed = expect.split("|")
+        if r["outcome"] in ("crash", "hang"):
+            bad.append(f"{name}: {r['outcome']} {r.get('signal')} {r.get('stderr', '')}")
+        elif r["outcome"] == "loaded" and "exception" not in r:
+            if "ok" not in allowed:
+                bad.append(f"{name}: loaded and ran; expected {expect}")
+        elif r.get("exception") not in allowed or not re.search(match, r["message"]):
+            bad.append(f"{name}: {r.get('exception')}: {r.get('message')}; expected {expect} /{match}/")
+        elif r.get("exception") == "ModelLoadError" and r["outcome"] != "error":
+            bad.append(f"{name}: ModelLoadError only after loading: {r['message']}")
+        tok = r.get("tokenizer", {})
+        if r.get("exception") == "ModelLoadError" and "tokenizer.ggml" in match:
+            if tok.get("exception") != "ModelLoadError" or tok.get("loaded"):
+                bad.append(f"{name}: Tokenizer() did not refuse it at load: {tok}")
+        elif tok.get("exception") and not tok.get("polyllama"):
+            bad.append(f"{name}: Tokenizer() raised {tok['exception']}: {tok['message']}")
+    print(f"\n{len(items)} semantic variants: {sum(r['outcome'] == 'error' for r in results.values())} refused at load")
+    assert not bad, "\n".join(bad)
+
+
+def test_context_length_beyond_what_llm_takes_with_n_ctx_0(tmp_path):
+    """n_ctx=0 takes the file's context_length: 2**32-1 overflowed llama.cpp's padding of
+    n_ctx to 0 and aborted (GGML_ASSERT(n_outputs >= 1)); now a ValueError before loading."""
+    from gguf_corpus import _set, write_synthetic_model
+    from polyllama import LLM
+    path = write_synthetic_model(tmp_path / "ctx.gguf", _set("llama.context_length", 0xFFFFFFFF))
+    with pytest.raises(ValueError, match=r"n_ctx=0 takes the model's context_length, which is 4294967295"):
+        LLM(path, backend="cpu", n_ctx=0, n_threads=1)
+    with LLM(path, backend="cpu", n_ctx=64, n_threads=1) as llm:      # an explicit n_ctx is fine
+        assert llm.generate("hello", max_tokens=1).generated_tokens == 1

@@ -122,4 +122,7 @@ def test_the_pinned_tree_carries_the_patch_series():
         # every patch says why before its diff
         head = (ROOT / "thirdparty" / "patches" / name).read_text().split("\n--- a/", 1)[0]
         assert "Why:" in head and "What:" in head, name
-    assert "polyllama patch" in (tree / "src" / "llama-kv-cache.cpp").read_text()
+    assert "polyllama patch" in (tree / "src" / "llama-kv-cache.cpp").read_text()          # 0001
+    assert "polyllama patch" in (tree / "src" / "llama-vocab.cpp").read_text()             # 0002
+    for name in ("parser.cpp", "runtime.cpp"):                                             # 0003
+        assert "polyllama patch" in (tree / "common" / "jinja" / name).read_text(), name

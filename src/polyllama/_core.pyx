@@ -15,7 +15,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 from libc.math cimport exp, log
-from posix.unistd cimport usleep
+from posix.unistd cimport getpid, usleep
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
 from libcpp.vector cimport vector
@@ -27,6 +27,7 @@ from polyllama cimport _native
 
 import array
 import json
+import re
 
 from polyllama.errors import (ContextError, DecodeError, GrammarError, InsufficientMemoryError,
                               ModelLoadError, PolyllamaError, RemoteDeviceError, TemplateError)
@@ -37,6 +38,9 @@ from polyllama.errors import (ContextError, DecodeError, GrammarError, Insuffici
 # the log hook first: backends print while they register (ggml-opencl says why it
 # drops a device), and those lines belong in our log buffer, not on stderr
 _native.log_install()
+# GGML_ABORT inside a model load, a context creation or a tokenize on the calling thread
+# becomes a failed call instead of abort() (native/hardening.h)
+_native.abort_guard_install()
 llama_backend_init()
 ggml_backend_dev_count()
 REGISTRATION_LOG = _native.log_recent_problems().decode("utf-8", "replace")
@@ -72,8 +76,42 @@ def recent_log_problems():
     return _native.log_recent_problems().decode("utf-8", "replace")
 
 
+def clean_log_line(str line):
+    """A log line for a message: an abort that hardening.h turned into an error is shown
+    as "llama.cpp aborted at <file>:<line>: <assert>", without the build's relative path."""
+    line = re.sub(r"(?:\.\./)*thirdparty/llama\.cpp/", "", line).strip()
+    if "GGML_ASSERT" in line or ": fatal error" in line or "GGML_ABORT" in line:
+        line = re.sub(r"((?:src|ggml|common|vendor)/\S+:\d+: )", r"llama.cpp aborted at \1", line, count=1)
+    return line
+
+
+def _failure_reason(string & err):
+    """Why a load / context creation failed: llama.cpp's last error line, else the abort
+    that escaped its catch, else its last warning."""
+    errors = _native.log_recent_errors().decode("utf-8", "replace").splitlines()
+    if errors:
+        return clean_log_line(errors[-1])
+    if err.size():
+        return clean_log_line(err.decode("utf-8", "replace"))
+    problems = recent_log_problems().splitlines()
+    return clean_log_line(problems[-1]) if problems else ""
+
+
+def recent_log_errors():
+    """The error lines among recent_log_problems() (a failed call's reasons)."""
+    return _native.log_recent_errors().decode("utf-8", "replace")
+
+
 def clear_log_problems():
     _native.log_clear()
+
+
+# Objects made before os.fork() are unusable in the child: ggml's worker threads, the
+# engine's threads and any device state exist only in the parent, and freeing them would
+# join threads that are not there (a hang). In the child they are leaked, and
+# polyllama.LLM refuses to use them (llm.py: _require).
+cdef inline bint _forked(int pid) noexcept:
+    return pid != getpid()
 
 
 cdef str _s(const char * p):
@@ -277,6 +315,15 @@ cdef class ModelParams:
         return self.c.main_gpu
 
     @property
+    def use_mmap(self):
+        return self.c.load_mode != LLAMA_LOAD_MODE_NONE
+
+    @use_mmap.setter
+    def use_mmap(self, bint value):
+        # False: read the weights into memory (a file changed on disk later cannot hurt)
+        self.c.load_mode = LLAMA_LOAD_MODE_AUTO if value else LLAMA_LOAD_MODE_NONE
+
+    @property
     def overrides_in_use(self):
         return self.c.tensor_buft_overrides != NULL and self.c.tensor_buft_overrides[0].pattern != NULL
 
@@ -338,7 +385,9 @@ def estimate_memory(str path, ModelParams mparams, ContextParams cparams):
     cdef bint ok
     _native.log_clear()
     with nogil:
+        _native.abort_scope_enter()
         ok = _native.estimate_device_memory(cpath, &mparams.c, &cparams.c, rows, n_layer, n_ctx_train, err)
+        _native.abort_scope_leave()
     if not ok:
         raise ModelLoadError(f"could not estimate memory for {path}: {err.decode('utf-8', 'replace')}",
                              log=recent_log_problems())
@@ -374,8 +423,10 @@ def fit_params(str path, ModelParams mparams, ContextParams cparams, margins, in
                                                mparams._overrides, cmargins, n_ctx_min, &status,
                                                timeout, err)
             else:
+                _native.abort_scope_enter()
                 status = _native.fit_params(cpath, &mparams.c, &cparams.c, mparams._split,
                                             mparams._overrides, cmargins, n_ctx_min, err)
+                _native.abort_scope_leave()
     finally:
         if rs == _native.REMOTE_OK or rs == _native.REMOTE_ERROR:
             free(cmargins)
@@ -431,11 +482,16 @@ cdef int _raise_remote(int status, string & err, str what, object device_indices
 # model
 # ---------------------------------------------------------------------------------------
 cdef cbool _progress_trampoline(float progress, void * user_data) noexcept with gil:
+    cdef Model model = <Model> user_data
     try:
-        ret = (<object> user_data)(progress)
+        ret = model._progress(progress)
         return ret is None or bool(ret)
-    except BaseException:
-        return False  # an exception (or Ctrl-C) in the callback aborts loading
+    except BaseException as e:
+        # an exception (or Ctrl-C, which Python raises in whatever Python code runs next:
+        # often the callback) stops loading; Model.__init__ raises it once llama.cpp returns
+        if model._progress_error is None:
+            model._progress_error = e
+        return False
 
 
 cdef class Model:
@@ -452,6 +508,8 @@ cdef class Model:
     cdef public bint lost
     cdef object _params
     cdef object _progress
+    cdef object _progress_error   # what the progress callback raised (re-raised after the load)
+    cdef int pid                  # the process that made it (see _forked)
 
     def __cinit__(self):
         self.ptr = NULL
@@ -459,6 +517,7 @@ cdef class Model:
         self.worker = NULL
         self.remote_timeout = 0
         self.lost = False
+        self.pid = getpid()
 
     def __init__(self, str path, ModelParams params, progress_callback=None):
         cdef bytes bpath = path.encode()
@@ -471,9 +530,10 @@ cdef class Model:
         self._params = params            # params.c points into it; a blocked load may read it
         self._progress = progress_callback
         self.remote_timeout = params.remote_timeout
+        self._progress_error = None
         if progress_callback is not None:
             p.progress_callback = <llama_progress_callback> _progress_trampoline
-            p.progress_callback_user_data = <void *> progress_callback
+            p.progress_callback_user_data = <void *> self
         _native.log_clear()
         if self.remote_timeout > 0:
             self.worker = _native.remote_worker_new()
@@ -487,12 +547,25 @@ cdef class Model:
             self.ptr = loaded
         else:
             with nogil:
-                self.ptr = llama_model_load_from_file(cpath, p)
+                self.ptr = _native.model_load_guarded(cpath, p, err)
+        if self._progress_error is not None:
+            error, self._progress_error = self._progress_error, None
+            if self.ptr != NULL:
+                self._free()
+            raise error
         if self.ptr == NULL:
             problems = recent_log_problems()
-            raise ModelLoadError(f"llama.cpp could not load {path}" +
-                                 (f": {problems.splitlines()[-1]}" if problems else ""), log=problems)
+            reason = _failure_reason(err)
+            raise ModelLoadError(f"llama.cpp could not load {path}" + (f": {reason}" if reason else ""),
+                                 log=problems)
         self.vocab = llama_model_get_vocab(self.ptr)
+        # what the vocabulary would abort on at the first tokenize, refused now (the
+        # vocabulary is in host memory, also for a model on remote devices)
+        problem = _native.vocab_problems(self.ptr).decode("utf-8", "replace")
+        if problem:
+            self._free()
+            raise ModelLoadError(f"{path} has an unusable vocabulary: {problem}. The file is damaged "
+                                 "or was written by a faulty converter: download or convert it again.")
 
     def __dealloc__(self):
         self._free()
@@ -500,6 +573,11 @@ cdef class Model:
     cdef void _free(self) noexcept:
         cdef string err
         cdef int status
+        if _forked(self.pid):
+            self.ptr = NULL      # the parent's: leaked here (see _forked)
+            self.vocab = NULL
+            self.worker = NULL
+            return
         if self.ptr != NULL and not self.lost:
             if self.worker != NULL:
                 with nogil:
@@ -623,26 +701,44 @@ cdef class Model:
     def is_eog(self, int token):
         self._check(); return llama_vocab_is_eog(self.vocab, token)
 
-    def tokenize(self, bytes text, bint add_special=True, bint parse_special=False):
-        cdef const char * ctext = text
-        cdef int32_t ntext = len(text)
-        cdef int32_t cap = ntext + 8
-        cdef int32_t n
-        cdef llama_token * buf
+    def special_tokens(self):
+        """[(id, text, attr)] of the tokens llama.cpp's tokenizer matches as whole pieces of
+        text before tokenizing the rest (control, user-defined and unknown tokens), in its
+        order: longest text first."""
+        cdef int n, i
+        cdef int attr
+        cdef int kinds = LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_USER_DEFINED | LLAMA_TOKEN_ATTR_UNKNOWN
+        cdef const char * text
         self._check()
-        while True:
-            buf = <llama_token *> malloc(cap * sizeof(llama_token))
-            with nogil:
-                n = llama_tokenize(self.vocab, ctext, ntext, buf, cap, add_special, parse_special)
-            if n >= 0:
-                try:
-                    return [buf[i] for i in range(n)]
-                finally:
-                    free(buf)
-            free(buf)
-            if n == -2147483648 or -n <= cap:
-                raise PolyllamaError("tokenization failed (input too long)")
-            cap = -n
+        n = llama_vocab_n_tokens(self.vocab)
+        out = []
+        for i in range(n):
+            attr = llama_vocab_get_attr(self.vocab, i)
+            if attr & kinds:
+                text = llama_vocab_get_text(self.vocab, i)
+                if text != NULL and text[0] != 0:
+                    out.append((i, text.decode("utf-8", "replace"), attr))
+        out.sort(key=lambda t: -len(t[1].encode("utf-8")))
+        return out
+
+    def tokenize(self, bytes text, bint add_special=True, bint parse_special=False):
+        """Token ids of UTF-8 text. ValueError for text longer than llama.cpp takes (2**31-1
+        bytes); PolyllamaError when the model's tokenizer fails or makes an id outside its
+        vocabulary (a faulty vocabulary, not the caller's text)."""
+        cdef const char * ctext = text
+        cdef size_t ntext = len(text)
+        cdef vector[llama_token] out
+        cdef string err
+        cdef int rc
+        self._check()
+        with nogil:
+            rc = _native.tokenize_checked(self.vocab, ctext, ntext, add_special, parse_special, out, err)
+        if rc == _native.TOKENIZE_TOO_LONG:
+            raise ValueError(err.decode("utf-8", "replace") + "; split the text")
+        if rc != _native.TOKENIZE_OK:
+            raise PolyllamaError(f"tokenizing failed: {err.decode('utf-8', 'replace')}. The model's "
+                                 "vocabulary cannot represent this text; the model file is faulty")
+        return [out[i] for i in range(out.size())]
 
     def token_to_piece(self, int token, bint special=False):
         cdef char buf[256]
@@ -696,10 +792,22 @@ cdef class Model:
         cdef string schema = json_schema.encode()
         cdef string choice = tool_choice.encode()
         cdef bint ok
+        cdef _native.chat_job * job
+        cdef int done = 0
         self._check()
+        # parsed while we wait, rendered on a thread we wait for in slices: Ctrl-C ends the
+        # wait (the render finishes in the background); see native/hardening.h
         with nogil:
-            ok = _native.chat_apply(self.ptr, tmpl, msgs, tools, schema, add_generation_prompt,
-                                    enable_thinking, choice, parallel_tool_calls, res, err)
+            job = _native.chat_job_start(self.ptr, tmpl, msgs, tools, schema, add_generation_prompt,
+                                         enable_thinking, choice, parallel_tool_calls)
+        try:
+            while not done:
+                with nogil:
+                    done = _native.chat_job_wait(job, 0.1)
+                PyErr_CheckSignals()
+            ok = _native.chat_job_result(job, res, err)
+        finally:
+            _native.chat_job_release(job)
         if not ok:
             raise TemplateError(f"chat template failed: {err.decode('utf-8', 'replace')}")
         return {
@@ -760,7 +868,10 @@ def json_schema_to_grammar(str schema_json):
     """GBNF for a JSON schema, by libcommon's json_schema_to_grammar."""
     cdef string out, err
     cdef string s = schema_json.encode()
-    if not _native.json_schema_to_gbnf(s, out, err):
+    cdef bint ok
+    with nogil:
+        ok = _native.json_schema_to_gbnf_checked(s, out, err)
+    if not ok:
         raise GrammarError(f"invalid JSON schema: {err.decode('utf-8', 'replace')}")
     return out.decode("utf-8")
 
@@ -786,8 +897,10 @@ cdef class Context:
     cdef readonly double remote_timeout
     cdef public bint lost
     cdef _native.threadpools * pools   # persistent CPU threads (freed after the context)
+    cdef int pid                        # the process that made it (see _forked)
 
     def __cinit__(self):
+        self.pid = getpid()
         self.ptr = NULL
         self.pools = NULL
         self.batch_cap = 0
@@ -816,11 +929,12 @@ cdef class Context:
             self.ptr = created
         else:
             with nogil:
-                self.ptr = llama_init_from_model(model.ptr, p)
+                self.ptr = _native.context_init_guarded(model.ptr, p, err)
         if self.ptr == NULL:
             problems = recent_log_problems()
-            raise ContextError("llama.cpp could not create a context" +
-                               (f": {problems.splitlines()[-1]}" if problems else ""), log=problems)
+            reason = _failure_reason(err)
+            raise ContextError("llama.cpp could not create a context" + (f": {reason}" if reason else ""),
+                               log=problems)
         self.batch_cap = llama_n_batch(self.ptr)
         self.n_seq_batch = max(1, llama_n_seq_max(self.ptr))
         self.batch = llama_batch_init(self.batch_cap, 0, self.n_seq_batch)
@@ -836,6 +950,12 @@ cdef class Context:
     cdef void _free(self) noexcept:
         cdef string err
         cdef int status
+        if _forked(self.pid):
+            self.ptr = NULL      # the parent's: leaked here (see _forked)
+            self.batch_cap = 0
+            self.pools = NULL
+            self.worker = NULL
+            return
         if self.lost:
             # leaked on purpose, batch included: a thread blocked on a lost server uses them
             self.ptr = NULL
@@ -1194,26 +1314,30 @@ cdef class Sampler:
     def add_grammar(self, str grammar, str root="root", lazy_patterns=None, prefill=()):
         """A GBNF grammar stage; `prefill` tokens are fed to it first (a chat template's
         generation prompt, which libcommon's output grammars start with)."""
-        cdef bytes g = grammar.encode()
-        cdef bytes r = root.encode()
-        cdef const char ** pats = NULL
+        cdef string g = grammar.encode()
+        cdef string r = root.encode()
+        cdef vector[string] pats
+        cdef vector[llama_token] pre
         cdef llama_sampler * gs
-        cdef list keep
+        cdef string err
+        cdef bint ok = True
         _native.log_clear()
-        if lazy_patterns:
-            keep = [p.encode() for p in lazy_patterns]
-            pats = <const char **> malloc(len(keep) * sizeof(char *))
-            for i, b in enumerate(keep):
-                pats[i] = b
-            try:
-                gs = llama_sampler_init_grammar_lazy_patterns(self.model.vocab, g, r, pats, len(keep), NULL, 0)
-            finally:
-                free(pats)
-        else:
-            gs = llama_sampler_init_grammar(self.model.vocab, g, r)
-        if gs != NULL:
+        for p in lazy_patterns or ():
+            pats.push_back(p.encode())
+        with nogil:
+            gs = _native.grammar_init_checked(self.model.vocab, g, r, pats, err)
+        if gs != NULL and prefill:
             for t in prefill:
-                llama_sampler_accept(gs, t)
+                pre.push_back(t)
+            with nogil:
+                ok = _native.grammar_prefill(gs, self.model.vocab, pre, err)
+            if not ok:
+                llama_sampler_free(gs)
+                raise GrammarError(f"the chat template's generation prompt does not fit the output grammar "
+                                   f"made for it: {err.decode('utf-8', 'replace')}; the template's "
+                                   "generation prompt must be what the model's replies start with")
+        if gs == NULL and err.size():
+            raise GrammarError(f"could not create the grammar sampler: {err.decode('utf-8', 'replace')}")
         self._add(gs, "grammar")
 
     def add_top_k(self, int k):

@@ -12,6 +12,12 @@ ERROR_KINDS = {_native.ERROR_GRAMMAR: "grammar", _native.ERROR_DECODE: "decode",
                _native.ERROR_CLOSED: "closed"}
 
 
+FORKED_MESSAGE = ("this LLM was loaded before os.fork(), in the parent process: llama.cpp's threads and "
+                  "device state do not exist in this child. Load the model again in the child (with "
+                  "multiprocessing: load it inside the worker, or use the 'spawn' or 'forkserver' start "
+                  "method)")
+
+
 cdef class RequestState:
     """The end of a request: how it finished and its counters (times in seconds)."""
     cdef readonly str finish_reason          # "stop", "length", "cancelled" or "error"
@@ -64,11 +70,13 @@ cdef class Engine:
     cdef readonly Context context
     cdef int inside           # threads in a call that released the GIL
     cdef bint closing
+    cdef int pid              # the process that made it (see _forked in _core.pyx)
 
     def __cinit__(self):
         self.ptr = NULL
         self.inside = 0
         self.closing = False
+        self.pid = getpid()
 
     def __init__(self, Context context, int sample_threads=1, bint aligned_regions=True):
         context._check()
@@ -77,12 +85,14 @@ cdef class Engine:
                                       context.remote_timeout, sample_threads, aligned_regions)
 
     def __dealloc__(self):
-        if self.ptr != NULL:
+        if self.ptr != NULL and not _forked(self.pid):
             with nogil:
                 del self.ptr
-            self.ptr = NULL
+        self.ptr = NULL
 
     cdef int _enter(self) except -1:
+        if _forked(self.pid):
+            raise PolyllamaError(FORKED_MESSAGE)
         if self.ptr == NULL or self.closing:
             raise PolyllamaError("the engine is closed")
         self.inside += 1
@@ -92,6 +102,9 @@ cdef class Engine:
         """Fail what is still running (error_kind "closed"), wait for the threads inside to
         leave, and free the engine. Idempotent."""
         if self.ptr == NULL:
+            return
+        if _forked(self.pid):
+            self.ptr = NULL      # the parent's: its threads and locks are not in this process
             return
         self.closing = True
         with nogil:
@@ -107,6 +120,11 @@ cdef class Engine:
     @property
     def closed(self):
         return self.ptr == NULL or self.closing
+
+    @property
+    def forked(self):
+        """Made in another process (this is a child of os.fork()): unusable here."""
+        return _forked(self.pid)
 
     @property
     def n_slots(self):
@@ -183,16 +201,16 @@ cdef class Engine:
         _raise_remote(st.error_code, err, "decoding", self.context.model._params.devices)
 
     def cancel(self, int64_t rid):
-        if self.ptr != NULL:
+        if self.ptr != NULL and not _forked(self.pid):
             self.ptr.cancel(rid)
 
     def cancel_all(self):
-        if self.ptr != NULL:
+        if self.ptr != NULL and not _forked(self.pid):
             self.ptr.cancel_all()
 
     def release(self, int64_t rid):
         """The consumer is gone: cancel the request if it runs, then forget it."""
-        if self.ptr != NULL:
+        if self.ptr != NULL and not _forked(self.pid):
             self.ptr.release(rid)
 
     def step(self):

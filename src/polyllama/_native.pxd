@@ -10,7 +10,7 @@ from polyllama.includes.ggml_backend cimport ggml_backend_dev_t, ggml_backend_re
 from polyllama.includes.llama cimport (llama_batch, llama_context, llama_context_params,
                                        llama_model, llama_model_params,
                                        llama_model_tensor_buft_override, llama_sampler,
-                                       llama_token)
+                                       llama_token, llama_vocab)
 
 
 cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
@@ -19,6 +19,7 @@ cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
     void log_set_stderr_level(int min_level)
     int log_get_stderr_level()
     string log_recent_problems()
+    string log_recent_errors()
     void log_clear()
 
     cbool device_supports_tensor_bytes(size_t dev_index, uint64_t nbytes) noexcept
@@ -58,11 +59,6 @@ cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
         string generation_prompt
         string parser
 
-    cbool chat_apply(const llama_model * model, const string & template_override,
-                     const string & messages_json, const string & tools_json,
-                     const string & json_schema, cbool add_generation_prompt,
-                     cbool enable_thinking, const string & tool_choice, int parallel_tool_calls,
-                     chat_result & out, string & err)
     cbool chat_parse_reply(int format, const string & generation_prompt, const string & parser,
                            const string & text, cbool partial,
                            string & message_json, string & err)
@@ -176,3 +172,39 @@ cdef extern from "engine.h" namespace "polyllama" nogil:
         void clear_cache()
         engine_stats stats()
         int n_slots()
+
+
+# Hardening (native/hardening.h): aborts, deep recursion and bad ids turned into errors.
+cdef extern from "hardening.h" namespace "polyllama" nogil:
+    void abort_scope_enter()
+    void abort_scope_leave()
+    void abort_guard_install()
+    llama_model * model_load_guarded(const char * path, llama_model_params params, string & err)
+    llama_context * context_init_guarded(llama_model * model, llama_context_params params, string & err)
+    string vocab_problems(const llama_model * model)
+
+    cdef enum tokenize_status:
+        TOKENIZE_OK
+        TOKENIZE_TOO_LONG
+        TOKENIZE_FAILED
+        TOKENIZE_BAD_ID
+    int tokenize_checked(const llama_vocab * vocab, const char * text, size_t len, cbool add_special,
+                         cbool parse_special, vector[llama_token] & out, string & err)
+
+    llama_sampler * grammar_init_checked(const llama_vocab * vocab, const string & grammar,
+                                         const string & root, const vector[string] & lazy_patterns,
+                                         string & err)
+    cbool grammar_prefill(llama_sampler * grammar, const llama_vocab * vocab,
+                          const vector[llama_token] & tokens, string & err)
+    cbool json_schema_to_gbnf_checked(const string & schema_json, string & grammar, string & err)
+
+    cdef cppclass chat_job:
+        pass
+    chat_job * chat_job_start(const llama_model * model, const string & template_override,
+                              const string & messages_json, const string & tools_json,
+                              const string & json_schema, cbool add_generation_prompt,
+                              cbool enable_thinking, const string & tool_choice,
+                              int parallel_tool_calls)
+    int chat_job_wait(chat_job * job, double timeout_s)
+    cbool chat_job_result(chat_job * job, chat_result & out, string & err)
+    void chat_job_release(chat_job * job)

@@ -243,6 +243,8 @@ def cmd_run(args) -> int:
     params = _sampling(args)   # before loading: a bad -n/--temp fails at once
     prompt = args.prompt
     if prompt is None:
+        if sys.stdin is None:
+            raise _ArgumentError("no prompt: stdin is closed; give -p TEXT or pipe the prompt in")
         try:
             prompt = sys.stdin.read()
         except UnicodeDecodeError as e:
@@ -252,7 +254,9 @@ def cmd_run(args) -> int:
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise _ArgumentError(f"the prompt is not valid UTF-8 ({e.reason} at index {e.start})") from None
+        # bytes that are not UTF-8 reach Python as lone surrogates (surrogateescape)
+        raise _ArgumentError(f"the prompt is not valid UTF-8 (a byte that cannot be decoded at index "
+                             f"{e.start})") from None
     llm = _load(args)
     print(f"[{llm.placement}]", file=sys.stderr)
     sys.stdout.write(prompt)
@@ -284,9 +288,17 @@ def cmd_chat(args) -> int:
         except (EOFError, KeyboardInterrupt):
             print()
             break
+        except RuntimeError:      # input() without a stdin at all (closed)
+            break
         if line.strip() in ("/exit", "/quit"):
             break
         if not line.strip():
+            continue
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError as e:
+            print(f"polyllama: error: that line is not valid UTF-8 (a byte that cannot be decoded at "
+                  f"index {e.start}); it was skipped", file=sys.stderr)
             continue
         history.append({"role": "user", "content": line})
         reply = []
@@ -480,10 +492,19 @@ def cmd_serve(args) -> int:
 def cmd_bench(args) -> int:
     from .bench import compare
     from .models import default_model_path
+    import os
+    import subprocess
+    from .errors import PolyllamaError
     model = args.model or str(default_model_path())
-    figures, report = compare(model, backend=args.backend, threads=args.threads, n_prompt=args.n_prompt,
-                              n_gen=args.n_gen, reps=args.reps, ngl=args.n_gpu_layers, device=args.device,
-                              bin_dir=args.llama_bench_dir, others=not args.no_others, rounds=args.rounds)
+    try:
+        figures, report = compare(model, backend=args.backend, threads=args.threads, n_prompt=args.n_prompt,
+                                  n_gen=args.n_gen, reps=args.reps, ngl=args.n_gpu_layers, device=args.device,
+                                  bin_dir=args.llama_bench_dir, others=not args.no_others, rounds=args.rounds)
+    except subprocess.CalledProcessError as e:
+        err = e.stderr.decode("utf-8", "replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        last = err.strip().splitlines()[-1:] or [""]
+        raise PolyllamaError(f"{os.path.basename(str(e.cmd[0]))} exited with status {e.returncode}"
+                             + (f": {last[0]}" if last[0] else "")) from None
     print(report)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
@@ -534,8 +555,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--model", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--backend", default="cpu", help="backend polyllama runs on (default cpu)")
     p.add_argument("-t", "--threads", type=int, default=2)
-    p.add_argument("-p", "--n-prompt", type=int, default=512)
-    p.add_argument("-n", "--n-gen", type=int, default=128)
+    p.add_argument("-p", "--n-prompt", type=_positive_int, default=512)
+    p.add_argument("-n", "--n-gen", type=_positive_int, default=128)
     p.add_argument("-r", "--reps", type=_positive_int, default=5)
     p.add_argument("--rounds", type=_positive_int, default=1,
                    help="measure every runner this many times, in turn; report medians and ranges")
@@ -562,11 +583,35 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: after a write to it failed, the interpreter's own flush at
+    exit would fail again and print a traceback."""
+    import os
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, AttributeError, ValueError):
+        pass
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from .errors import PolyllamaError
+    if sys.stdout is None and args.command in ("run", "chat", "info", "devices", "bench", "model"):
+        print("polyllama: error: stdout is closed; the output has nowhere to go", file=sys.stderr)
+        return 1
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # the reader went away (`| head`): the usual end of a pipeline, not an error to report
+        _quiet_stdout()
+        return 141
+    except OSError as e:
+        if e.filename is None and getattr(e, "errno", None) is not None and _is_output_error(e):
+            _quiet_stdout()
+            print(f"polyllama: error: cannot write the output: {e.strerror}", file=sys.stderr)
+            return 1
+        raise
     except PolyllamaError as e:
         print(f"polyllama: error: {e}", file=sys.stderr)
         return 1
@@ -581,6 +626,12 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+
+
+def _is_output_error(e: OSError) -> bool:
+    """A failed write to stdout (a full disk, a closed or broken descriptor)."""
+    import errno
+    return e.errno in (errno.ENOSPC, errno.EPIPE, errno.EBADF, errno.EIO, errno.EDQUOT)
 
 
 if __name__ == "__main__":

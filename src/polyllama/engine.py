@@ -231,6 +231,8 @@ class Engine:
 
     def _core_engine(self):
         eng = self._eng
+        if eng is not None and eng.forked:
+            raise PolyllamaError(_forked_message())
         if eng is None or eng.closed:
             raise PolyllamaError("this LLM is closed")
         return eng
@@ -338,6 +340,11 @@ def default_sample_threads(on_gpu: bool) -> int:
     if not on_gpu:
         return 1
     return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+def _forked_message() -> str:
+    from ._extension import core
+    return core.FORKED_MESSAGE
 
 
 def _now() -> float:

@@ -16,6 +16,8 @@ import json
 import logging
 import math
 import os
+import re
+import stat
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -60,8 +62,31 @@ class GenerationResult:
                 "cached_tokens": self.cached_tokens}
 
 
+# token attributes (llama.h llama_token_attr): what parse_special decides on, and stripping
+_GUARDED_ATTRS = 1 << 3 | 1 << 0        # CONTROL | UNKNOWN
+_LSTRIP, _RSTRIP = 1 << 7, 1 << 8
+_C_SPACE = " \t\n\v\f\r"                # isspace() in the C locale, as llama.cpp strips
+
+
+def _strings_in(value):
+    """Every str inside nested dicts/lists (messages, tools), without recursion."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            yield v
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+            stack.extend(k for k in v if isinstance(k, str))
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+
+
 class ChatTurn:
-    """What a chat template made of one turn, kept to parse the model's reply."""
+    """What a chat template made of one turn, kept to parse the model's reply.
+    prompt_tokens: the tokens the turn was submitted with (set by submit_chat)."""
+
+    prompt_tokens: list | None = None
 
     def __init__(self, chat: dict):
         self.prompt = chat["prompt"]
@@ -94,8 +119,7 @@ class Tokenizer:
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
-        if not os.path.isfile(self.path):
-            raise ModelLoadError(f"model file not found: {self.path}")
+        _check_model_file(self.path)
         check_gguf(self.path)
         self._model = _load_model(self.path, core.ModelParams(devices=[], n_gpu_layers=0, vocab_only=True))
 
@@ -114,7 +138,8 @@ class Tokenizer:
 _SECTION_LINES = ("failed to read header", "failed to read key-value pairs",
                   "failed to read tensor info", "failed to read tensor data")
 _LOG_PREFIXES = ("llama_model_load: error loading model: ", "gguf_init_from_reader: ",
-                 "gguf_init_from_file_impl: ", "llama_model_loader: ")
+                 "gguf_init_from_file_impl: ", "llama_model_loader: ",
+                 "llama_init_from_model: failed to initialize the context: ")
 
 
 def _load_model(path: str, params, progress=None):
@@ -145,6 +170,15 @@ def _load_model(path: str, params, progress=None):
                 raise stopped[0] from None
             raise LoadAbortedError(f"loading {path} was stopped by the progress callback "
                                    "(it returned False)", log=e.log) from None
+        if not str(e).startswith("llama.cpp could not load"):
+            raise                 # one of polyllama's own checks after the load: already specific
+        # llama.cpp's error lines say why; its warnings (logged first) rarely do
+        errors = [_clean_log_line(x) for x in core.recent_log_errors().splitlines()]
+        errors = [x for x in errors if x and "failed to load model" not in x]
+        if errors:
+            reasons = list(dict.fromkeys(x for x in errors if x not in _SECTION_LINES)) or errors
+            raise ModelLoadError(f"llama.cpp could not load {path}: {'; '.join(reasons[-3:])}. If the file "
+                                 "is damaged or incomplete, download or convert it again.", log=e.log) from None
         specific, section = [], []
         for line in (e.log or "").splitlines():
             for prefix in _LOG_PREFIXES:
@@ -159,6 +193,64 @@ def _load_model(path: str, params, progress=None):
             raise
         raise ModelLoadError(f"llama.cpp could not load {path}: {'; '.join(reasons[:3])}. If the file "
                              "is damaged or incomplete, download or convert it again.", log=e.log) from None
+
+
+def _clean_log_line(line: str) -> str:
+    """A line of llama.cpp's log without its function-name prefix (and an abort's message
+    without the build's relative path: core.clean_log_line)."""
+    for prefix in _LOG_PREFIXES:
+        if line.startswith(prefix):
+            line = line[len(prefix):]
+    return core.clean_log_line(line)
+
+
+# the largest n_ctx (and n_batch, n_ubatch) an LLM takes
+MAX_CTX = 1 << 24
+
+
+def _check_batch_vs_sequences(n_ctx: int, n_batch: int, n_seq_max: int, meta: dict | None) -> None:
+    """ValueError for contexts llama.cpp would abort in: every step can ask for one output
+    per sequence, and llama.cpp reserves n_batch outputs (n_batch itself capped at n_ctx;
+    GGML_ASSERT(n_outputs_max <= cparams.n_outputs_max) in llama-context.cpp). n_ctx=0
+    takes the file's context_length, which must then be usable too."""
+    train = None
+    if meta is not None:
+        arch = meta.get("general.architecture")
+        arch = arch.decode("utf-8", "replace") if isinstance(arch, bytes) else ""
+        train = meta.get(f"{arch}.context_length")
+        train = train if isinstance(train, int) and not isinstance(train, bool) else None
+    if n_ctx == 0 and train is not None and not 1 <= train <= MAX_CTX:
+        raise ValueError(f"n_ctx=0 takes the model's context_length, which is {train}; pass an n_ctx between "
+                         f"1 and {MAX_CTX}")
+    ctx = n_ctx or train
+    if n_batch < n_seq_max:
+        raise ValueError(f"n_batch ({n_batch}) must be at least n_seq_max ({n_seq_max}): one step decodes a "
+                         "token for each sequence; raise n_batch or lower n_seq_max")
+    if ctx is not None and ctx < n_seq_max:
+        raise ValueError(f"n_ctx ({ctx}) must be at least n_seq_max ({n_seq_max}): llama.cpp caps the batch at "
+                         "the context size and one step decodes a token for each sequence; raise n_ctx or "
+                         "lower n_seq_max")
+
+
+def _check_model_file(path: str) -> os.stat_result:
+    """ModelLoadError unless path is a readable regular file: llama.cpp would read /dev/zero
+    forever, block on a FIFO, and report a directory as a damaged file."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ModelLoadError(f"model file not found: {path}") from None
+    except OSError as e:
+        raise ModelLoadError(f"cannot read the model file {path}: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ModelLoadError(f"the model path {path} is a directory; give the path of a .gguf file")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a character device" if stat.S_ISCHR(st.st_mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "a block device" if stat.S_ISBLK(st.st_mode)
+                else "not a regular file")
+        raise ModelLoadError(f"the model path {path} is {kind}, not a regular file; give the path of a .gguf file")
+    if not os.access(path, os.R_OK):
+        raise ModelLoadError(f"cannot read the model file {path}: permission denied")
+    return st
 
 
 def _allocation_failed(e: Exception) -> bool:
@@ -177,9 +269,17 @@ def _tool_name(tool) -> str:
     return name if isinstance(name, str) else ""
 
 
+# llama.cpp takes a text's length as an int32_t (llama_tokenize)
+_MAX_TEXT_BYTES = (1 << 31) - 1
+
+
 def _utf8(text, what: str = "text") -> bytes:
     """UTF-8 bytes of text; ValueError for what cannot be UTF-8 (llama.cpp's tokenizers
-    expect valid UTF-8: lone surrogates in a str, invalid sequences in bytes)."""
+    expect valid UTF-8: lone surrogates in a str, invalid sequences in bytes) and for more
+    than 2**31-1 bytes, checked before encoding (a str has at least a byte per character)."""
+    if isinstance(text, (str, bytes, bytearray, memoryview)) and len(text) > _MAX_TEXT_BYTES:
+        raise ValueError(f"{what} is {len(text)} {'characters' if isinstance(text, str) else 'bytes'} long; "
+                         f"llama.cpp takes at most {_MAX_TEXT_BYTES} bytes of text at once: split it")
     if isinstance(text, str):
         try:
             return text.encode("utf-8")
@@ -196,6 +296,17 @@ def _utf8(text, what: str = "text") -> bytes:
                              "with errors='replace' first, or pass a str") from None
         return data
     raise TypeError(f"{what} must be str or bytes, not {type(text).__name__}")
+
+
+def _check_token_ids(prompt) -> None:
+    """TypeError naming what is wrong in a list meant as token ids (or as prompts)."""
+    kinds = {type(t) for t in prompt}
+    if any(isinstance(t, (str, list, tuple)) for t in prompt) and any(isinstance(t, int) for t in prompt):
+        raise TypeError("a prompt list holds either prompts (strings or token-id lists) or token ids, not "
+                        f"both: got {', '.join(sorted(k.__name__ for k in kinds))}")
+    for i, t in enumerate(prompt):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise TypeError(f"token ids must be ints, not {type(t).__name__} ({t!r} at index {i})")
 
 
 def _token_list(tokens) -> list[int]:
@@ -259,7 +370,8 @@ class LLM:
                  n_threads_batch: int | None = None, n_seq_max: int = 8, kv_unified: bool = True,
                  flash_attn: str = "auto", memory_margin: int = DEFAULT_MARGIN,
                  progress: Callable[[float], Any] | None = None, chat_template: str | None = None,
-                 rpc_servers: Sequence[str] | None = None, rpc_timeout: float | None = None):
+                 rpc_servers: Sequence[str] | None = None, rpc_timeout: float | None = None,
+                 use_mmap: bool = True):
         # guards loading, close() and what reads the model outside the engine; generation
         # runs in the engine, which serializes nothing per thread (requests batch together)
         self._lock = threading.RLock()
@@ -267,12 +379,12 @@ class LLM:
         self._ctx = None
         self._engine: Engine | None = None
         self._embed_ctx = None
+        self._model_fd = None
         path = default_model_path() if model is None else model
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"model must be a path, not {type(path).__name__}")
         self.model_path = os.fspath(path)
-        if not os.path.isfile(self.model_path):
-            raise ModelLoadError(f"model file not found: {self.model_path}")
+        self._file_size = _check_model_file(self.model_path).st_size
         # values llama.cpp would abort on (docs/HARDENING.md); the metadata is kept for
         # the device-limit check of _load
         self._gguf_meta = check_gguf(self.model_path)
@@ -280,10 +392,18 @@ class LLM:
                         ("n_seq_max", n_seq_max)):
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"{name} must be an int, not {v!r}")
-        if n_ctx < 0 or n_ctx > (1 << 24):
-            raise ValueError(f"n_ctx must be between 0 and {1 << 24}, got {n_ctx}")
-        if n_batch < 1 or n_ubatch < 1 or not (1 <= n_seq_max <= 256):
-            raise ValueError("n_batch and n_ubatch must be >= 1, n_seq_max between 1 and 256")
+        if n_ctx < 0 or n_ctx > MAX_CTX:
+            raise ValueError(f"n_ctx must be between 0 and {MAX_CTX}, got {n_ctx}")
+        for name, v in (("n_batch", n_batch), ("n_ubatch", n_ubatch)):
+            if not 1 <= v <= MAX_CTX:
+                raise ValueError(f"{name} must be between 1 and {MAX_CTX}, got {v} (n_batch and n_ubatch "
+                                 "are tokens per llama_decode and per micro-batch)")
+        if not (1 <= n_seq_max <= 256):
+            raise ValueError(f"n_seq_max must be between 1 and 256, got {n_seq_max}")
+        _check_batch_vs_sequences(n_ctx, n_batch, n_seq_max, self._gguf_meta)
+        if not isinstance(use_mmap, bool):
+            raise TypeError(f"use_mmap must be True or False, not {use_mmap!r}")
+        self._use_mmap = use_mmap
         if flash_attn not in ("auto", "on", "off"):
             raise ValueError(f"flash_attn must be 'auto', 'on' or 'off', not {flash_attn!r}")
         if progress is not None and not callable(progress):
@@ -305,6 +425,8 @@ class LLM:
         if chat_template is not None and not isinstance(chat_template, str):
             raise TypeError(f"chat_template must be a Jinja template string or None, not "
                             f"{type(chat_template).__name__}")
+        if chat_template:
+            _utf8(chat_template, "chat_template")
         self._chat_template = chat_template or ""
         self._cparams = dict(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
                              n_threads=threads, n_threads_batch=n_threads_batch or threads,
@@ -365,6 +487,7 @@ class LLM:
     def _load(self, cand: Candidate, margin: int, progress, skipped: list[str]) -> None:
         check_kv_fits_devices(self._gguf_meta, self._cparams["n_ctx"], cand)
         mp = model_params(cand)
+        mp.use_mmap = self._use_mmap
         cp = core.ContextParams(**self._cparams)
         fitted = False
         if cand.devices and cand.n_gpu_layers == "auto":
@@ -404,6 +527,14 @@ class LLM:
             model.close()
             raise
         self._model, self._ctx = model, ctx
+        if self._use_mmap:
+            # the weights are read from the file's pages as they are used: a file truncated in
+            # place would end the process with SIGBUS at the next decode. An open descriptor
+            # lets each request check the size first (_check_file)
+            try:
+                self._model_fd = os.open(self.model_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                self._model_fd = None
         on_gpu = bool(cand.devices) and any(d.backend != "rpc" for d in cand.devices)
         offloaded = on_gpu and mp.n_gpu_layers != 0
         # aligned slot regions buy exact CPU results (ARCHITECTURE.md §6.3) for some unused
@@ -471,6 +602,9 @@ class LLM:
             if self._model is not None:
                 self._model.close()
             self._engine = self._embed_ctx = self._ctx = self._model = None
+            fd, self._model_fd = getattr(self, "_model_fd", None), None
+            if fd is not None:
+                os.close(fd)
 
     def __enter__(self) -> "LLM":
         return self
@@ -479,6 +613,11 @@ class LLM:
         self.close()
 
     def __del__(self):
+        # LLM and its Engine refer to each other, so the cyclic GC runs this at any allocation;
+        # a Ctrl-C that Python raises in here is lost ("Exception ignored"): do as little
+        # Python as possible when there is nothing left to free
+        if getattr(self, "_model", None) is None and getattr(self, "_ctx", None) is None:
+            return
         try:
             self.close()
         except Exception:
@@ -487,7 +626,26 @@ class LLM:
     def _require(self):
         if self._ctx is None:
             raise PolyllamaError("this LLM is closed")
+        if self._engine is not None and self._engine._eng is not None and self._engine._eng.forked:
+            raise PolyllamaError(core.FORKED_MESSAGE)
         return self._ctx
+
+    def _check_file(self) -> None:
+        """ModelLoadError when the memory-mapped model file shrank since it was loaded: its
+        missing pages would raise SIGBUS inside llama.cpp (a file replaced by rename keeps
+        the old inode mapped and is harmless)."""
+        fd = getattr(self, "_model_fd", None)
+        if fd is None:
+            return
+        try:
+            size = os.fstat(fd).st_size
+        except OSError:
+            return
+        if size < self._file_size:
+            raise ModelLoadError(
+                f"the model file {self.model_path} was truncated on disk while loaded ({self._file_size} -> "
+                f"{size} bytes); its weights are read from the file as they are used, so this LLM cannot "
+                "run any more. Load the model again, or pass use_mmap=False to read it into memory")
 
     def cancel(self) -> None:
         """Stop every generation of this LLM running in other threads; each ends with
@@ -578,13 +736,20 @@ class LLM:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("the prompt is empty")
-            return self._model.tokenize(_utf8(prompt, "the prompt"), True, True)
+            tokens = self._model.tokenize(_utf8(prompt, "the prompt"), True, True)
+            if not tokens:
+                raise ValueError(f"the prompt {prompt[:40]!r} gives no tokens: llama.cpp's tokenizer dropped all "
+                                 "of it (characters this model's vocabulary has no token for, such as some "
+                                 "control characters)")
+            return tokens
         if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             n_vocab = self._model.n_vocab
             bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
             if bad is not None:
                 raise ValueError(f"token id {bad} in the prompt is out of range 0..{n_vocab - 1}")
             return list(prompt)
+        if isinstance(prompt, (list, tuple)) and prompt:
+            _check_token_ids(prompt)
         if prompt is None:
             raise TypeError("prompt must be a string (or a list of token ids), not None")
         raise TypeError(f"prompt must be a non-empty string or list of token ids, not {type(prompt).__name__}")
@@ -593,6 +758,7 @@ class LLM:
         """llama.cpp's logits for the token after `prompt` (n_vocab floats, array('f'))."""
         with self._lock:
             self._require()
+            self._check_file()
             n_ctx = self._ctx.n_ctx_seq
             tokens = self._fit_prompt(self._prompt_tokens(prompt), SamplingParams(), False, n_ctx)
             req = self._engine._submit_tokens(tokens, limit=n_ctx, logits_only=True)
@@ -623,6 +789,7 @@ class LLM:
         self._check_prompt_type(prompt)
         with self._lock:   # close() waits for this, not for the generation
             self._require()
+            self._check_file()
             limit = limit or self._ctx.n_ctx_seq
             tokens = self._fit_prompt(self._prompt_tokens(prompt), params, truncate, limit)
             if grammar is None:
@@ -713,9 +880,15 @@ class LLM:
         if tools is not None and not isinstance(tools, list):
             raise TypeError(f"tools must be a list of OpenAI-style tool definitions, not {type(tools).__name__}")
         try:
-            as_json = json.dumps(messages, ensure_ascii=False)
-            tools_json = json.dumps(tools, ensure_ascii=False) if tools else ""
-        except (TypeError, ValueError) as e:
+            as_json = json.dumps(messages, ensure_ascii=False, allow_nan=False)
+            tools_json = json.dumps(tools, ensure_ascii=False, allow_nan=False) if tools else ""
+        except RecursionError:
+            raise ValueError("messages or tools are nested too deeply to be turned into JSON") from None
+        except ValueError as e:
+            # json's only ValueError with allow_nan=False (circular references aside)
+            raise ValueError(f"messages and tools must be valid JSON, which has no NaN or infinity ({e}); "
+                             "give numbers that are finite, or strings") from None
+        except TypeError as e:
             raise TypeError(f"messages and tools must be JSON-serializable (str, numbers, lists, "
                             f"dicts): {e}") from None
         _utf8(as_json, "messages")
@@ -723,6 +896,100 @@ class LLM:
         return self._model.apply_chat_template(
             as_json, tools_json, json_schema, add_generation_prompt, self._chat_template, True,
             tool_choice, -1 if parallel_tool_calls is None else int(parallel_tool_calls))
+
+    # ---- special tokens in chat content ----------------------------------------------------
+    def _special_tokens(self):
+        """The model's special tokens (core.Model.special_tokens), and a regex matching the
+        text of those that tokenizing with parse_special=True turns into control tokens."""
+        cached = getattr(self, "_specials_cache", None)
+        if cached is None or cached[0] is not self._model:
+            specials = self._model.special_tokens()
+            guarded = [text for _, text, attr in specials if attr & _GUARDED_ATTRS]
+            pattern = re.compile("|".join(re.escape(t) for t in guarded)) if guarded else None
+            cached = self._specials_cache = (self._model, specials, pattern)
+        return cached[1], cached[2]
+
+    def _chat_prompt_tokens(self, chat: dict, messages, tools, json_schema: str, parse_special: bool,
+                            **template_args) -> list[int]:
+        """The tokens of a chat prompt: the template's special-token text as special tokens,
+        special-token text that came from the messages (or tools) as plain text unless
+        parse_special (what user content cannot then do: end a turn, open a system turn).
+
+        Which is which: the template is rendered a second time with that text in the
+        messages replaced by as many private-use characters; a special token whose text
+        reads the same in both renders is the template's."""
+        prompt = chat["prompt"]
+        if parse_special:
+            return self._prompt_tokens(prompt)
+        specials, pattern = self._special_tokens()
+        if pattern is None or not any(pattern.search(t) for t in _strings_in((messages, tools))):
+            return self._prompt_tokens(prompt)
+
+        def defang(value):
+            if isinstance(value, str):
+                return pattern.sub(lambda m: "\ue000" * len(m.group()), value)
+            if isinstance(value, dict):
+                return {k: defang(v) for k, v in value.items()}
+            if isinstance(value, (list, tuple)):
+                return [defang(v) for v in value]
+            return value
+        other = self.apply_chat_template(defang(messages), tools=defang(tools) if tools else tools,
+                                         json_schema=json_schema, **template_args)["prompt"]
+        if len(other) != len(prompt):
+            raise TemplateError("a message holds special-token text (e.g. "
+                                f"{pattern.search(' '.join(_strings_in((messages, tools)))).group()!r}) that this "
+                                "chat template reads and reacts to, so it cannot be kept as plain text; remove it, "
+                                "or pass parse_special=True to let it act as a special token")
+        return self._tokenize_partitioned(prompt, specials, lambda a, b: other[a:b] == prompt[a:b])
+
+    def _tokenize_partitioned(self, text: str, specials, keep) -> list[int]:
+        """llama.cpp's tokenize(text, add_special=True, parse_special=True), except that an
+        occurrence of a control token's text at [a, b) with keep(a, b) false stays text.
+
+        The same steps as llama.cpp's tokenizer_st_partition: special tokens longest first,
+        each splitting the raw fragments at its occurrences (with its lstrip/rstrip), then
+        every raw fragment tokenized on its own (tests/test_chat.py compares the two)."""
+        frags = [(0, len(text), None)]
+        for tid, stext, attr in specials:
+            if stext not in text:
+                continue
+            out = []
+            for a, b, t in frags:
+                if t is not None:
+                    out.append((a, b, t))
+                    continue
+                pos = a
+                while True:
+                    k = text.find(stext, pos, b)
+                    if k < 0:
+                        break
+                    e = k + len(stext)
+                    if attr & _GUARDED_ATTRS and not keep(k, e):
+                        pos = e            # text from a message: it stays in the raw fragment
+                        continue
+                    left = k
+                    if attr & _LSTRIP:
+                        while left > a and text[left - 1] in _C_SPACE:
+                            left -= 1
+                    if left > a:
+                        out.append((a, left, None))
+                    out.append((k, e, tid))
+                    if attr & _RSTRIP:
+                        while e < b and text[e] in _C_SPACE:
+                            e += 1
+                    a = pos = e
+                if a < b:
+                    out.append((a, b, None))
+            frags = out
+        ends = self._model.tokenize(b"", True, False)     # what add_special puts around the text
+        head = ends[:1] if ends and self._model.add_bos and ends[0] == self._model.token_bos else []
+        tokens = list(head)
+        for a, b, t in frags:
+            if t is None:
+                tokens += self._model.tokenize(text[a:b].encode("utf-8"), False, False)
+            else:
+                tokens.append(t)
+        return tokens + ends[len(head):]
 
     def _generation_prompt_tokens(self, chat: dict) -> list[int]:
         """Tokens of the template's generation prompt, which libcommon's output grammars
@@ -736,16 +1003,21 @@ class LLM:
         return toks
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None, *, stream: bool = False,
-             tools: list[dict] | None = None, response_format: dict | None = None, **kwargs):
+             tools: list[dict] | None = None, response_format: dict | None = None,
+             parse_special: bool = False, **kwargs):
         """Answer OpenAI-style messages using the model's own chat template.
 
         response_format={"type": "json_object"} or {"type": "json_schema", "json_schema":
         {"schema": {...}}} constrains the reply with a grammar made by llama.cpp.
         Returns a GenerationResult whose .message is the parsed assistant message
         (content, tool_calls), or with stream=True an iterator of text pieces.
+
+        Special-token text inside the messages (e.g. "<|im_end|>" in a user's content) stays
+        plain text; parse_special=True lets it act as the special token it spells.
         """
         params = SamplingParams.from_kwargs(params, **kwargs)
-        req, turn = self.submit_chat(messages, params, tools=tools, response_format=response_format)
+        req, turn = self.submit_chat(messages, params, tools=tools, response_format=response_format,
+                                     parse_special=parse_special)
         if stream:
             return req.text_stream()
         res = req.result()
@@ -755,11 +1027,13 @@ class LLM:
     def submit_chat(self, messages: list[dict], params: SamplingParams | None = None, *,
                     tools: list[dict] | None = None, response_format: dict | None = None,
                     tool_choice: str = "auto", parallel_tool_calls: bool | None = None,
-                    **kwargs) -> tuple[Request, "ChatTurn"]:
+                    parse_special: bool = False, **kwargs) -> tuple[Request, "ChatTurn"]:
         """Queue a chat turn in the engine: (its Request, a ChatTurn that parses the reply,
         also while it is still partial). What chat() and the server build on.
         tool_choice / parallel_tool_calls: see apply_chat_template."""
         params = SamplingParams.from_kwargs(params, **kwargs)
+        if not isinstance(parse_special, bool):
+            raise TypeError(f"parse_special must be True or False, not {parse_special!r}")
         schema = ""
         if response_format is not None:
             kind = response_format.get("type") if isinstance(response_format, dict) else None
@@ -785,8 +1059,13 @@ class LLM:
                 p = SamplingParams.from_kwargs(p, grammar=None, json_schema=None)
             lazy = chat["grammar_triggers"] if chat["grammar_lazy"] else None
             prefill = self._generation_prompt_tokens(chat) if chat["grammar"] and not lazy else ()
-            req = self._submit(chat["prompt"], p, False, grammar=grammar, lazy_patterns=lazy, prefill=prefill)
-        return req, ChatTurn(chat)
+            tokens = self._chat_prompt_tokens(chat, messages, tools, schema, parse_special,
+                                              tool_choice=tool_choice,
+                                              parallel_tool_calls=parallel_tool_calls)
+            req = self._submit(tokens, p, False, grammar=grammar, lazy_patterns=lazy, prefill=prefill)
+        turn = ChatTurn(chat)
+        turn.prompt_tokens = tokens
+        return req, turn
 
     # ---- embeddings ---------------------------------------------------------------------
     def embed(self, texts: str | Sequence[str], *, pooling: str = "mean", normalize: bool = True):
@@ -807,6 +1086,7 @@ class LLM:
             raise ValueError(f"pooling must be 'mean', 'last' or 'cls', not {pooling!r}")
         with self._lock:
             self._require()
+            self._check_file()
             key = pooling
             if self._embed_ctx is None or self._embed_ctx[0] != key:
                 if self._embed_ctx is not None:

@@ -8,6 +8,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+INT32_MAX = (1 << 31) - 1
+# GBNF and JSON schemas: llama.cpp's parsers recurse once per nesting level (a grammar
+# 30,000 parentheses deep overflowed the stack). They run on a thread with a large stack
+# (native/hardening.h); these limits give a clear error long before that matters.
+MAX_GRAMMAR_NESTING = 10_000
+MAX_GRAMMAR_BYTES = 4 << 20
+MAX_SCHEMA_DEPTH = 1_000
 
 
 @dataclass
@@ -77,12 +84,12 @@ class SamplingParams:
         if self.max_tokens is not None:
             num("max_tokens", 1, 1 << 24, integer=True)
         num("temperature", 0.0)
-        num("top_k", 0, integer=True)
+        num("top_k", 0, INT32_MAX, integer=True)
         num("top_p", 0.0, 1.0)
         num("min_p", 0.0, 1.0)
         num("typical_p", 0.0, 1.0)
         num("repeat_penalty", 0.0)
-        num("repeat_last_n", -1, integer=True)
+        num("repeat_last_n", -1, INT32_MAX, integer=True)
         num("presence_penalty")
         num("frequency_penalty")
         num("n_probs", 0, 100, integer=True)
@@ -102,6 +109,7 @@ class SamplingParams:
             if not s:
                 raise ValueError("stop strings must be non-empty (an empty stop string would end "
                                  "every generation at once)")
+            _check_text(s, "stop string")
         if not isinstance(self.logit_bias, Mapping):
             raise TypeError("logit_bias must be a mapping {token id: bias}")
         for k, v in self.logit_bias.items():
@@ -113,22 +121,100 @@ class SamplingParams:
                                  "(-1000 or -inf bans the token)")
         if self.grammar is not None and not isinstance(self.grammar, str):
             raise TypeError("grammar must be a GBNF string")
+        if self.grammar is not None:
+            _check_text(self.grammar, "grammar")
         if self.grammar is not None and self.json_schema is not None:
             raise ValueError("give grammar or json_schema, not both")
         if self.json_schema is not None and not isinstance(self.json_schema, (str, dict, bool)):
             raise TypeError("json_schema must be a dict or JSON text")
 
     def schema_text(self) -> str | None:
+        from .errors import GrammarError
         if self.json_schema is None:
             return None
         if isinstance(self.json_schema, str):
+            _check_text(self.json_schema, "json_schema")
             try:
-                json.loads(self.json_schema)
+                parsed = json.loads(self.json_schema)
+            except RecursionError:
+                raise GrammarError(f"json_schema is nested too deeply (JSON schemas are taken up to "
+                                   f"{MAX_SCHEMA_DEPTH} levels)") from None
             except ValueError as e:
-                from .errors import GrammarError
                 raise GrammarError(f"json_schema is not valid JSON: {e}") from None
+            _check_schema_depth(parsed)
             return self.json_schema
-        return json.dumps(self.json_schema)
+        _check_schema_depth(self.json_schema)
+        try:
+            text = json.dumps(self.json_schema, ensure_ascii=False, allow_nan=False)
+        except RecursionError:
+            raise GrammarError(f"json_schema is nested too deeply (JSON schemas are taken up to "
+                               f"{MAX_SCHEMA_DEPTH} levels)") from None
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"json_schema must be JSON-serializable (str, numbers, lists, dicts; no NaN): "
+                            f"{e}") from None
+        _check_text(text, "json_schema")
+        return text
+
+
+def _check_text(text: str, what: str) -> None:
+    """ValueError for a str that cannot be UTF-8 (lone surrogates), which llama.cpp needs."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} contains {text[e.start]!r} at index {e.start}, a lone surrogate that is "
+                         "not valid in UTF-8; clean it first, e.g. s.encode('utf-8', 'replace').decode()") from None
+
+
+def _check_schema_depth(schema) -> None:
+    """GrammarError for a schema nested deeper than MAX_SCHEMA_DEPTH (walked without
+    recursion: Python's own limit would raise RecursionError first)."""
+    from .errors import GrammarError
+    stack = [(schema, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise GrammarError(f"json_schema is nested more than {MAX_SCHEMA_DEPTH} levels deep; llama.cpp's "
+                               "schema-to-grammar conversion recurses once per level")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+
+
+def grammar_nesting(grammar: str) -> int:
+    """The deepest nesting of parentheses in a GBNF grammar, outside string literals,
+    character classes and comments (what llama.cpp's recursive parser descends)."""
+    depth = deepest = 0
+    i, n = 0, len(grammar)
+    while i < n:
+        c = grammar[i]
+        if c == "#":
+            j = grammar.find("\n", i)
+            i = n if j < 0 else j
+        elif c == '"' or c == "[":
+            close = '"' if c == '"' else "]"
+            i += 1
+            while i < n and grammar[i] != close:
+                i += 2 if grammar[i] == "\\" else 1
+        elif c == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c == ")":
+            depth -= 1
+        i += 1
+    return deepest
+
+
+def check_grammar_size(grammar: str) -> None:
+    """GrammarError for a grammar too large or too deeply nested to parse safely."""
+    from .errors import GrammarError
+    if len(grammar) > MAX_GRAMMAR_BYTES:
+        raise GrammarError(f"the grammar is {len(grammar)} characters; grammars are taken up to "
+                           f"{MAX_GRAMMAR_BYTES} (llama.cpp's grammar code recurses along chains of rules)")
+    depth = grammar_nesting(grammar)
+    if depth > MAX_GRAMMAR_NESTING:
+        raise GrammarError(f"the grammar nests parentheses {depth} deep; grammars are taken up to "
+                           f"{MAX_GRAMMAR_NESTING} levels (llama.cpp's GBNF parser recurses once per level)")
 
 
 def is_plain_greedy(params: SamplingParams, grammar: str | None = None) -> bool:
@@ -195,6 +281,11 @@ def build_sampler(core, model, params: SamplingParams, grammar: str | None = Non
                         params.presence_penalty)
     g = grammar if grammar is not None else params.grammar
     if g:
+        try:
+            check_grammar_size(g)
+        except Exception:
+            s.close()
+            raise
         try:
             s.add_grammar(g, "root", lazy_patterns, grammar_prefill)
         except Exception as e:

@@ -852,6 +852,13 @@ void engine::sample_one(sequence & s) {
         llama_sampler_apply(s.p.sampler, &arr);
         if (arr.selected < 0 || arr.selected >= static_cast<int64_t>(arr.size) ||
             !(arr.data[arr.selected].logit > -std::numeric_limits<float>::infinity())) {
+            // NaN logits fail the same test: a broken model, not the sampling settings
+            if (std::any_of(logits, logits + n_vocab_, [](float x) { return std::isnan(x); })) {
+                s.sample_error = ERROR_DECODE;
+                s.sample_error_text = "the model produced NaN logits: its weights or hyperparameters are "
+                                      "broken (a damaged or badly converted file)";
+                return;
+            }
             s.sample_error = ERROR_GRAMMAR;
             s.sample_error_text = "no token is possible here: the grammar allows none that the other "
                                   "sampling settings (logit_bias, ...) leave";

@@ -1,4 +1,5 @@
 #include "polyllama_native.h"
+#include "hardening.h"
 
 #include "chat.h"
 #include "common.h"
@@ -32,6 +33,7 @@ namespace polyllama {
 namespace {
 std::mutex                g_log_mutex;
 std::deque<std::string>   g_problems;        // recent WARN/ERROR lines
+std::deque<std::string>   g_errors;          // the ERROR lines among them
 std::string               g_partial;         // a line llama.cpp printed in pieces
 int                       g_partial_level = GGML_LOG_LEVEL_NONE;
 std::atomic<int>          g_stderr_level{GGML_LOG_LEVEL_ERROR + 1};
@@ -57,6 +59,12 @@ void log_callback(ggml_log_level level, const char * text, void * /*user_data*/)
     g_partial += text;
     if (!g_partial.empty() && g_partial.back() == '\n') {
         g_partial.pop_back();
+        if (eff == GGML_LOG_LEVEL_ERROR) {
+            g_errors.push_back(g_partial);
+            if (g_errors.size() > k_max_problems) {
+                g_errors.pop_front();
+            }
+        }
         g_problems.push_back(std::move(g_partial));
         g_partial.clear();
         while (g_problems.size() > k_max_problems) {
@@ -106,9 +114,19 @@ std::string log_recent_problems() {
     return out;
 }
 
+std::string log_recent_errors() {
+    std::lock_guard<std::mutex> lock(g_log_mutex);
+    std::string out;
+    for (const auto & line : g_errors) {
+        out += (out.empty() ? "" : "\n") + line;
+    }
+    return out;
+}
+
 void log_clear() {
     std::lock_guard<std::mutex> lock(g_log_mutex);
     g_problems.clear();
+    g_errors.clear();
     g_partial.clear();
 }
 
@@ -225,48 +243,6 @@ size_t max_tensor_buft_overrides() { return llama_max_tensor_buft_overrides(); }
 
 // ---- chat templates and grammars ----------------------------------------------------------
 
-bool chat_apply(const llama_model * model, const std::string & template_override,
-                const std::string & messages_json, const std::string & tools_json,
-                const std::string & json_schema, bool add_generation_prompt,
-                bool enable_thinking, const std::string & tool_choice, int parallel_tool_calls,
-                chat_result & out, std::string & err) {
-    try {
-        auto tmpls = common_chat_templates_init(model, template_override);
-        common_chat_templates_inputs inputs;
-        inputs.messages = common_chat_msgs_parse_oaicompat(common_json::parse(messages_json));
-        if (!tools_json.empty()) {
-            inputs.tools = common_chat_tools_parse_oaicompat(common_json::parse(tools_json));
-        }
-        inputs.tool_choice = common_chat_tool_choice_parse_oaicompat(tool_choice.empty() ? "auto" : tool_choice);
-        inputs.parallel_tool_calls = parallel_tool_calls < 0
-            ? common_chat_templates_get_caps(tmpls.get())["supports_parallel_tool_calls"]
-            : parallel_tool_calls != 0;
-        inputs.json_schema           = json_schema;
-        inputs.add_generation_prompt = add_generation_prompt;
-        inputs.enable_thinking       = enable_thinking;
-        inputs.use_jinja             = true;
-        common_chat_params params = common_chat_templates_apply(tmpls.get(), inputs);
-        out.prompt            = params.prompt;
-        out.grammar           = params.grammar;
-        out.grammar_lazy      = params.grammar_lazy;
-        out.additional_stops  = params.additional_stops;
-        out.preserved_tokens  = params.preserved_tokens;
-        out.format            = (int) params.format;
-        out.generation_prompt = params.generation_prompt;
-        out.parser            = params.parser;
-        out.grammar_trigger_patterns.clear();
-        for (const auto & t : params.grammar_triggers) {
-            out.grammar_trigger_patterns.push_back(t.value);
-        }
-        return true;
-    } catch (const std::exception & e) {
-        err = e.what();
-    } catch (...) {
-        err = "unknown C++ exception";
-    }
-    return false;
-}
-
 bool chat_parse_reply(int format, const std::string & generation_prompt, const std::string & parser,
                       const std::string & text, bool partial, std::string & message_json, std::string & err) {
     try {
@@ -334,6 +310,11 @@ void on_ggml_abort(const char * message) {
         for (;;) {
             std::this_thread::sleep_for(std::chrono::hours(24));
         }
+    }
+    if (message != nullptr && abort_scope_active()) {
+        // inside a load, context creation or tokenize on this thread (hardening.h): unwind to
+        // the catch that turns it into a failed call
+        throw ggml_abort_error(message);
     }
     // anything else: what ggml does without a callback; ggml_abort calls abort() after us
     fprintf(stderr, "%s\n", message ? message : "ggml_abort");

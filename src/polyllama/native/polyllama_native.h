@@ -18,6 +18,7 @@ void        log_install();
 void        log_set_stderr_level(int min_level);  // ggml_log_level; >= 5 prints nothing
 int         log_get_stderr_level();
 std::string log_recent_problems();                // warnings and errors since log_clear()
+std::string log_recent_errors();                  // the errors alone (a failure's reason)
 void        log_clear();
 
 // ---- greedy pick -----------------------------------------------------------------------
@@ -86,15 +87,6 @@ struct chat_result {
     std::string              generation_prompt;
     std::string              parser;             // serialized PEG parser for the reply
 };
-
-// messages_json / tools_json: OpenAI-style arrays as JSON text (tools may be empty).
-// tool_choice: "auto", "required" or "none" (OpenAI's strings); parallel_tool_calls: 1/0,
-// or -1 for what the template supports (llama-server's default).
-bool chat_apply(const llama_model * model, const std::string & template_override,
-                const std::string & messages_json, const std::string & tools_json,
-                const std::string & json_schema, bool add_generation_prompt,
-                bool enable_thinking, const std::string & tool_choice, int parallel_tool_calls,
-                chat_result & out, std::string & err);
 
 // Parses a reply (content, reasoning, tool calls) into OpenAI-style JSON; partial: the
 // reply is still being generated (an unfinished tool call is left open, not an error).
