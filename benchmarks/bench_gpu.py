@@ -7,7 +7,7 @@ writes a markdown table, JSON and a PNG chart.
     python benchmarks/bench_gpu.py --models-dir /tmp/polyllama-models --out OUTDIR \
         [--backends cuda,vulkan] [--shapes 1b,8b] [--types Q4_0,Q8_0,f16]
 
-Models are the files scripts/device_gpu.sh writes: llama-{1b,8b}-{Q4_0,Q8_0,f16}.gguf.
+Models are the files scripts/device/gpu.sh writes: llama-{1b,8b}-{Q4_0,Q8_0,f16}.gguf.
 Flash attention on and all layers offloaded, as the llama-bench anchors in issue 6.
 """
 from __future__ import annotations
@@ -24,8 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from peers import llama_cpp_python_bench  # noqa: E402  (benchmarks/ is the script's folder)
 from polyllama.bench import (batched_bench, llama_batched_bench, llama_bench,  # noqa: E402
-                             llama_cpp_python_bench, polyllama_bench, spread)
+                             polyllama_bench, spread)
 
 BIN = ROOT / "build" / "cmake" / "bin"
 THREADS = 16

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from polyllama import LLM  # noqa: E402
-from polyllama.models import default_model_path  # noqa: E402
+from polyllama.default_model import default_model_path  # noqa: E402
 from polyllama.rpc import probe  # noqa: E402
 from polyllama.errors import RemoteDeviceError  # noqa: E402
 

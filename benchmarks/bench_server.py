@@ -346,7 +346,7 @@ def main() -> int:
               f"to one client, {r['events']} events, {r['bytes']} bytes)")
         return 0
     if a.model is None:
-        from polyllama.models import default_model_path
+        from polyllama.default_model import default_model_path
         a.model = str(default_model_path())
     a.model_id = Path(a.model).name[:-5] if a.model.endswith(".gguf") else Path(a.model).name
     a.clients = [int(x) for x in a.clients.split(",")]

@@ -5,7 +5,7 @@
 # This fetches Debian 13 (trixie)'s libvulkan-dev .deb from Debian's own archive with
 # apt-get, using a private apt state directory (the system's sources and lists are not
 # touched), and unpacks only its headers into $POLYLLAMA_CACHE_DIR/vulkan-headers
-# (default ~/.cache/polyllama/vulkan-headers). polyllama.buildconfig finds them there and
+# (default ~/.cache/polyllama/vulkan-headers). buildtools/buildconfig.py finds them there and
 # passes -DVulkan_INCLUDE_DIR; the system's 1.3.239 loader works with them.
 set -euo pipefail
 cache=${POLYLLAMA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/polyllama}

@@ -24,4 +24,4 @@ for arg in "$@"; do
 done
 
 "$PYTHON" "$here/scripts/fetch_llama_cpp.py" >/dev/null
-"$PYTHON" "$here/src/polyllama/buildconfig.py" check
+"$PYTHON" "$here/buildtools/buildconfig.py" check

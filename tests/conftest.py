@@ -22,7 +22,7 @@ THREADS = 2
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
-    from polyllama.models import default_model_path
+    from polyllama.default_model import default_model_path
     return str(default_model_path())
 
 

@@ -481,8 +481,8 @@ CASES: list[Case] = [
         match=r"polyllama: error: .*(UTF-8|utf-8)|invalid", cli_status=(0, 1, 2)),
     _sh("cli: invalid UTF-8 on run's stdin", "cli", 'printf "\\xff\\xfe hi" | $PL run -n 2 -t 1 -c 128',
         match=r"polyllama: error: .*(UTF-8|text)"),
-    _sh("cli: bench -p 0", "cli", '$PL bench -p 0 -n 1 -r 1 --no-others', match=r"polyllama( bench)?: error: .*-p"),
-    _sh("cli: bench -n -1", "cli", '$PL bench -p 8 -n -1 -r 1 --no-others', match=r"polyllama( bench)?: error: .*-n"),
+    _sh("cli: bench -p 0", "cli", '$PL bench -p 0 -n 1 -r 1', match=r"polyllama( bench)?: error: .*-p"),
+    _sh("cli: bench -n -1", "cli", '$PL bench -p 8 -n -1 -r 1', match=r"polyllama( bench)?: error: .*-n"),
     _sh("cli: a missing -m", "cli", '$PL run -m /nonexistent/model.gguf -p "Hi" -n 2',
         match=r"polyllama: error: .*model file not found"),
     _sh("cli: -m of a directory", "cli", '$PL run -m /tmp -p "Hi" -n 2', match=r"polyllama: error: .*directory"),
@@ -645,7 +645,7 @@ def main(argv=None) -> int:
                          "e.g. an unpacked older commit, for before/after counts")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
-    from polyllama.models import default_model_path
+    from polyllama.default_model import default_model_path
     model = args.model or str(default_model_path())
     cases = [c for c in all_cases() if args.k.lower() in c.name.lower() and (not args.klass or c.klass == args.klass)]
     results = run_all(cases, model, args.v, src=Path(args.src))

@@ -590,6 +590,6 @@ def write_semantic_variants(outdir: str | os.PathLike) -> list:
 if __name__ == "__main__":
     here = Path(__file__).resolve().parent.parent
     sys.path.insert(0, str(here / "src"))
-    from polyllama.models import default_model_path
+    from polyllama.default_model import default_model_path
     for path, label, name in build_corpus(sys.argv[1], default_model_path()):
         print(path, label, name)

@@ -1,47 +1,85 @@
 """The build pipeline seen from outside: make -n flags, build_info, the CLI."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from polyllama.backend_table import BACKENDS
+
 ROOT = Path(__file__).resolve().parent.parent
-FLAGS = {"cuda": "GGML_CUDA", "hip": "GGML_HIP", "sycl": "GGML_SYCL", "metal": "GGML_METAL",
-         "vulkan": "GGML_VULKAN", "opencl": "GGML_OPENCL", "rpc": "GGML_RPC", "blas": "GGML_BLAS"}
+FLAGS = {b.name: b.flag for b in BACKENDS if b.name != "cpu"}
+
+
+def _env(**env):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("GGML_") and k != "CMAKE_ARGS"}
+    e.update(env)
+    return e
 
 
 def make_n(target, **env):
-    e = {k: v for k, v in os.environ.items() if not k.startswith("GGML_")}
-    e.update(env)
-    r = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, env=e, timeout=120)
+    """`make -n target`: the sub-make's environment words (build-<b> targets) and the cmake line."""
+    r = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, env=_env(**env),
+                       timeout=120)
     assert r.returncode == 0, r.stderr
     joined = r.stdout.replace("\\\n", " ")   # recipe lines continued with a backslash
     cmake = [line for line in joined.splitlines() if line.lstrip().startswith("cmake -S")]
     assert len(cmake) == 1, r.stdout
-    return cmake[0]
+    sub = [line.split() for line in joined.splitlines() if line.rstrip().endswith("make build")]
+    return cmake[0], [w for w in (sub[0][:-2] if sub else []) if "=" in w]
+
+
+def resolved_flags(**env):
+    """The -D settings CMakeLists.txt's configure step resolves (`buildconfig.py cmake-file`)
+    from the environment make gives it, as `buildconfig.py cmake-args` prints them: the same
+    resolution, except that a missing SDK is reported instead of stopping."""
+    r = subprocess.run([sys.executable, str(ROOT / "buildtools" / "buildconfig.py"), "cmake-args"],
+                       cwd=ROOT, capture_output=True, text=True, env=_env(**env), timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
 
 
 @pytest.mark.parametrize("backend", sorted(FLAGS))
 def test_make_n_build_backend_passes_its_flag(backend):
-    line = make_n(f"build-{backend}")
-    assert f"-D{FLAGS[backend]}=ON" in line
+    line, words = make_n(f"build-{backend}")
+    assert words == [f"{FLAGS[backend]}=1"] and "-DGGML_" not in line
+    args = resolved_flags(**dict(w.split("=", 1) for w in words))
+    assert f"-D{FLAGS[backend]}=ON" in args
     for other, flag in FLAGS.items():
         if other != backend and not (other == "metal" and sys.platform == "darwin"):
-            assert f"-D{flag}=OFF" in line, (other, line)
+            assert f"-D{flag}=OFF" in args, (other, args)
 
 
 def test_make_n_build_cpu_turns_everything_off():
-    line = make_n("build-cpu", GGML_VULKAN="1")
+    line, words = make_n("build-cpu", GGML_VULKAN="1")
+    assert sorted(words) == sorted(f"{flag}=0" for flag in FLAGS.values())
+    args = resolved_flags(GGML_VULKAN="1", **dict(w.split("=", 1) for w in words))
     for flag in FLAGS.values():
-        assert f"-D{flag}=OFF" in line
+        assert f"-D{flag}=OFF" in args
 
 
 def test_make_n_build_reads_env_and_cmake_args():
-    line = make_n("build", GGML_VULKAN="ON", GGML_RPC="true", CMAKE_ARGS="-DFOO=bar")
-    assert "-DGGML_VULKAN=ON" in line and "-DGGML_RPC=ON" in line
+    line, _ = make_n("build", GGML_VULKAN="ON", GGML_RPC="true", CMAKE_ARGS="-DFOO=bar")
     assert line.rstrip().endswith("-DFOO=bar")
+    args = resolved_flags(GGML_VULKAN="ON", GGML_RPC="true", CMAKE_ARGS="-DFOO=bar")
+    assert "-DGGML_VULKAN=ON" in args and "-DGGML_RPC=ON" in args
+
+
+def test_cmake_resolves_the_flags_itself():
+    # one path for make and pip: CMakeLists.txt runs buildconfig.py cmake-file at configure
+    text = (ROOT / "CMakeLists.txt").read_text()
+    assert '"${CMAKE_CURRENT_SOURCE_DIR}/buildtools/buildconfig.py" cmake-file' in text
+    assert "POLYLLAMA_FLAGS_FROM_COMMAND_LINE" not in text
+
+
+def test_make_build_unknown_target_names_the_choices():
+    r = subprocess.run(["make", "-n", "build-nope"], cwd=ROOT, capture_output=True, text=True, env=_env(),
+                       timeout=60)
+    assert r.returncode != 0
+    assert "no target build-nope" in r.stderr and "cpu cuda hip" in r.stderr
 
 
 def test_make_build_rejects_bad_flag_value_fast():

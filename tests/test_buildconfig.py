@@ -1,4 +1,4 @@
-"""polyllama.buildconfig: flags, SDK detection and the CLI, against fake SDK layouts.
+"""buildtools/buildconfig.py: flags, SDK detection and the CLI, against fake SDK layouts.
 
 Nothing of the real machine is consulted: every test passes an `env` mapping whose PATH
 holds only a temp bin dir, and POLYLLAMA_FAKE_ROOT / POLYLLAMA_FAKE_PLATFORM point the
@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from polyllama import buildconfig as bc
+from buildtools import buildconfig as bc
+from polyllama.backend_table import AUTO_ORDER, BACKENDS
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "src" / "polyllama" / "buildconfig.py"
-FLAGS = ("GGML_CUDA", "GGML_HIP", "GGML_SYCL", "GGML_METAL", "GGML_VULKAN", "GGML_OPENCL",
-         "GGML_RPC", "GGML_BLAS")
+SCRIPT = ROOT / "buildtools" / "buildconfig.py"
+TABLE = ROOT / "src" / "polyllama" / "backend_table.py"
+FLAGS = tuple(b.flag for b in BACKENDS if b.name != "cpu")
 
 
 # --------------------------------------------------------------------------------------
@@ -541,11 +542,16 @@ def test_hip_real_debian_layout_inside_the_chroot():
     root = sid_chroot()
     if os.geteuid() != 0:
         pytest.skip("entering the chroot needs root (chroot, mount)")
-    shutil.copy(SCRIPT, root / "tmp" / "polyllama_buildconfig.py")
+    # the two files it needs, laid out as in the checkout (it loads the table by path)
+    copy = root / "tmp" / "polyllama_buildconfig"
+    (copy / "buildtools").mkdir(parents=True, exist_ok=True)
+    (copy / "src" / "polyllama").mkdir(parents=True, exist_ok=True)
+    shutil.copy(SCRIPT, copy / "buildtools" / "buildconfig.py")
+    shutil.copy(TABLE, copy / "src" / "polyllama" / "backend_table.py")
     r = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "--", "sh", "-ec",
          'mount -t proc proc "$1/proc"; exec chroot "$1" /usr/bin/env -i PATH=/usr/bin:/bin LANG=C.UTF-8 '
-         'python3 /tmp/polyllama_buildconfig.py json', "sh", str(root)],
+         'python3 /tmp/polyllama_buildconfig/buildtools/buildconfig.py json', "sh", str(root)],
         capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     hip = json.loads(r.stdout)["detected"]["hip"]
@@ -1031,7 +1037,7 @@ def test_auto_enables_cuda_with_gpu_and_takes_its_arch(fake):
     assert cfg.enabled_backends == ["cpu", "cuda"]
     assert cfg.options["GGML_CUDA"] == "ON"
     assert cfg.options["CMAKE_CUDA_ARCHITECTURES"] == "90"
-    assert set(cfg.sdks) == set(bc.AUTO_BACKENDS)
+    assert set(cfg.sdks) == set(AUTO_ORDER)
 
 
 def test_explicit_off_beats_auto(fake):
@@ -1241,8 +1247,9 @@ def test_cli_cmake_file(fake, tmp_path):
         'set(GGML_BLAS "OFF" CACHE BOOL "" FORCE)',
         'set(CMAKE_CUDA_ARCHITECTURES "90" CACHE STRING "" FORCE)',
         'set(POLYLLAMA_ENABLED_BACKENDS "cpu;cuda")',
+        'set(POLYLLAMA_BACKEND_FLAGS "GGML_CUDA;GGML_HIP;GGML_SYCL;GGML_METAL;GGML_VULKAN;GGML_OPENCL;GGML_RPC;GGML_BLAS")',
     ]
-    assert "FOO" not in out.read_text().replace("CMAKE_ARGS", "")  # pass-through left to scikit-build-core
+    assert "FOO" not in out.read_text().replace("CMAKE_ARGS", "")  # pass-through left to make and scikit-build-core
     assert "CMAKE_ARGS" in out.read_text()  # ...and the comment says so
 
 
@@ -1274,10 +1281,11 @@ def test_cli_json(fake):
     assert set(data["detected"]) == {b.name for b in bc.BACKENDS}
 
 
-def test_cli_runs_as_module(fake):
-    env = {**fake.env, "PYTHONPATH": str(ROOT / "src"), "GGML_RPC": "1"}
-    r = subprocess.run([sys.executable, "-m", "polyllama.buildconfig", "cmake-args"], capture_output=True,
-                       text=True, env=env, cwd=ROOT, timeout=60)
+def test_cli_runs_from_any_directory(fake, tmp_path):
+    # CMake runs it from the build directory; it finds the backend table from its own path
+    env = {**fake.env, "GGML_RPC": "1"}
+    r = subprocess.run([sys.executable, str(SCRIPT), "cmake-args"], capture_output=True,
+                       text=True, env=env, cwd=tmp_path, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "-DGGML_RPC=ON" in r.stdout
 

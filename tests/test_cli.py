@@ -176,7 +176,7 @@ def test_bench_rounds_report_medians_and_ratios(model_path, tmp_path, capsys):
     gives per-round ratios as a median with a range, the JSON keeps every round."""
     out_json = tmp_path / "bench.json"
     rc = cli.main(["bench", "-m", model_path, "-t", str(THREADS), "-p", "16", "-n", "8", "-r", "1",
-                   "--rounds", "2", "--no-others", "--json", str(out_json)])
+                   "--rounds", "2", "--json", str(out_json)])
     out = capsys.readouterr()
     assert rc == 0, out.err
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]

@@ -40,7 +40,7 @@ def test_backends_mark_missing_ones_with_rebuild_hint():
 def test_build_info_matches_registries():
     info = polyllama.build_info()
     regs = set(info["registries"])
-    from polyllama.buildconfig import BACKENDS
+    from polyllama.backend_table import BACKENDS
     for b in BACKENDS:
         assert (b.name in info["backends"]) == (b.registry in regs), b.name
     assert info["llama_cpp_commit"] == "0c1e57098"

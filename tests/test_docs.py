@@ -166,7 +166,8 @@ ENV_VARS = _readme_env_vars()
 
 # Where the code looks for a variable's name. Generated files (build_info.json, *.so) are
 # not sources, so only these suffixes count.
-CODE_PATHS = [ROOT / "src", ROOT / "scripts", ROOT / "Makefile", ROOT / "CMakeLists.txt"]
+CODE_PATHS = [ROOT / "src", ROOT / "buildtools", ROOT / "cmake", ROOT / "scripts", ROOT / "Makefile",
+              ROOT / "CMakeLists.txt"]
 CODE_SUFFIXES = {".py", ".pyx", ".pxd", ".pxi", ".h", ".hpp", ".c", ".cpp", ".sh", ".cmake", ".txt", ""}
 
 # README variables that polyllama's code does not read, and the file that must explain them.
@@ -199,8 +200,8 @@ def test_readme_env_var_is_used(var):
     if re.search(rf"\b{re.escape(var)}\b", _code_text()):
         return
     where = READ_ELSEWHERE.get(var)
-    assert where, (f"README documents {var}, but nothing in src/, scripts/, Makefile or "
-                   "CMakeLists.txt mentions it")
+    assert where, (f"README documents {var}, but nothing in src/, buildtools/, cmake/, scripts/, "
+                   "Makefile or CMakeLists.txt mentions it")
     assert var in (ROOT / where).read_text(encoding="utf-8"), f"{var} should be explained in {where}"
 
 
@@ -233,3 +234,43 @@ def test_relative_links_resolve():
             elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                 broken.append(f"{path.name}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+# --------------------------------------------------------------------------------------
+# ARCHITECTURE.md's map of the package
+# --------------------------------------------------------------------------------------
+
+PACKAGE = ROOT / "src" / "polyllama"
+SOURCE_SUFFIXES = (".py", ".pyx", ".pxi", ".pxd", ".cpp", ".h")
+
+
+def _architecture_layers_text() -> str:
+    """Section 1 of ARCHITECTURE.md: the layer map and the tables of every layer."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    m = re.search(r"^## 1\. Layers\s*$(.*?)(?=^## 2\.)", text, re.M | re.S)
+    assert m, "ARCHITECTURE.md has no '## 1. Layers' section"
+    return m.group(1)
+
+
+def _package_sources() -> list[str]:
+    """Every source file of the package, relative to src/polyllama (package markers aside)."""
+    return sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*")
+                  if p.suffix in SOURCE_SUFFIXES and "__pycache__" not in p.parts
+                  and p.name not in ("__init__.py", "__init__.pxd", "__main__.py"))
+
+
+def test_architecture_names_every_module_of_the_package():
+    section = _architecture_layers_text()
+    missing = [rel for rel in _package_sources()
+               if not re.search(rf"(?<![\w.]){re.escape(Path(rel).stem)}\.(\{{[^}}]*\}}|{re.escape(Path(rel).suffix[1:])})",
+                                section)]
+    assert not missing, f"ARCHITECTURE.md §1 does not name: {', '.join(missing)}"
+
+
+def test_architecture_names_no_module_that_is_gone():
+    section = _architecture_layers_text()
+    named = set(re.findall(r"(?<![\w./-])([A-Za-z_][\w]*\.(?:pyx|pxi|pxd|py))\b", section))
+    everywhere = {p.name for p in ROOT.rglob("*") if p.suffix in SOURCE_SUFFIXES
+                  and "thirdparty" not in p.parts and ".venv" not in p.parts and "build" not in p.parts}
+    gone = sorted(n for n in named if n not in everywhere)
+    assert not gone, f"ARCHITECTURE.md §1 names files that do not exist: {', '.join(gone)}"

@@ -1,7 +1,7 @@
 """Tests that need a GPU-type device (CUDA, HIP, Metal, Vulkan on real hardware, ...).
 
 They skip cleanly on machines without one. On the H100 they run through
-scripts/device_gpu.sh with POLYLLAMA_GPU_TEST_MODEL set to a random-weight llama model
+scripts/device/gpu.sh with POLYLLAMA_GPU_TEST_MODEL set to a random-weight llama model
 (the default model cannot travel there); elsewhere the default model is used.
 """
 import math
@@ -32,7 +32,7 @@ def gpu_model():
     path = os.environ.get("POLYLLAMA_GPU_TEST_MODEL")
     if path:
         return path
-    from polyllama.models import default_model_path
+    from polyllama.default_model import default_model_path
     return str(default_model_path())
 
 

@@ -5,7 +5,7 @@
     print(llm.generate("The capital of France is", max_tokens=16).text)
 
 The modules that need the compiled extension (polyllama._core) are imported on first
-use, so `polyllama.buildconfig`, `polyllama.models` and `polyllama.errors` work in a
+use, so `polyllama.backend_table`, `polyllama.default_model` and `polyllama.errors` work in a
 source tree that has not been built yet.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import importlib
 
 from .errors import *  # noqa: F401,F403  (the exception hierarchy is part of the API)
 from .errors import __all__ as _errors_all  # type: ignore[attr-defined]
-from .models import default_model_path, fetch_default_model
+from .default_model import default_model_path, fetch_default_model
 
 __version__ = "0.1.0"
 

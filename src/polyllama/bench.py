@@ -1,7 +1,8 @@
 """Benchmark helpers: polyllama beside llama-bench from the same llama.cpp tree.
 
-Used by benchmarks/bench_cpu.py, benchmarks/bench_gpu.py and `python -m polyllama bench`.
-Every figure comes from a run; nothing here is a timed unit test.
+Used by `python -m polyllama bench` and the scripts of benchmarks/, which add the other
+bindings (benchmarks/peers.py) as extra runners. Every figure comes from a run; nothing
+here is a timed unit test.
 """
 from __future__ import annotations
 
@@ -95,114 +96,6 @@ def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: i
             "placement": placement}
 
 
-_LCP_CHILD = r"""
-import json, statistics, sys, time
-from llama_cpp import Llama
-import llama_cpp
-a = json.loads(sys.argv[1])
-# threads None: llama-cpp-python's own default (half the CPU count)
-llm = Llama(a["model"], n_threads=a["threads"], n_ctx=4096, n_gpu_layers=a["ngl"],
-            flash_attn=a["fa"], verbose=False)
-for _ in llm.create_completion("The", max_tokens=4, stream=True, temperature=0):
-    pass   # warm-up
-rates = []
-for _ in range(a["reps"]):
-    llm.reset()
-    t_first, n = None, 0
-    for _ in llm.create_completion("The", max_tokens=a["n_gen"], stream=True, temperature=0):
-        n += 1
-        if t_first is None:
-            t_first = time.perf_counter()
-    rates.append((n - 1) / (time.perf_counter() - t_first))
-print(json.dumps({"tg_stream": statistics.mean(rates), "tg_stream_sd": statistics.pstdev(rates),
-                  "threads": llm.context_params.n_threads,
-                  "version": getattr(llama_cpp, "__version__", "?")}))
-"""
-
-
-def llama_cpp_python_bench(model: str, threads: int | None, n_gen: int, reps: int, n_gpu_layers: int = 0,
-                           flash_attn: bool = False) -> dict | None:
-    """llama-cpp-python's streamed generation tokens/s (None when it is not installed).
-
-    threads=None leaves llama-cpp-python its own default thread count; the result says
-    how many it used.
-
-    Runs in a child interpreter: llama-cpp-python brings its own shared ggml, and two ggml
-    copies (and two CUDA backends) in one process are not something either project supports.
-    """
-    import importlib.util
-    import sys
-    if importlib.util.find_spec("llama_cpp") is None:
-        return None
-    args = json.dumps({"model": model, "threads": threads, "ngl": n_gpu_layers, "fa": flash_attn,
-                       "reps": reps, "n_gen": n_gen})
-    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _LCP_CHILD, args],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"llama-cpp-python benchmark failed (exit {proc.returncode}): "
-                           + proc.stderr.strip()[-2000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-
-_CYLLAMA_CHILD = r"""
-import json, statistics, sys, time
-import cyllama
-from cyllama import LLM, GenerationConfig
-a = json.loads(sys.argv[1])
-cfg = GenerationConfig(temperature=0.0, n_ctx=4096, n_gpu_layers=a["ngl"])   # 0.0: greedy sampler
-llm = LLM(a["model"], config=cfg, verbose=False)
-warm = GenerationConfig(temperature=0.0, n_ctx=4096, n_gpu_layers=a["ngl"], max_tokens=4)
-for _ in llm("The", config=warm, stream=True):
-    pass   # warm-up; also creates the context, which later calls reuse (same n_ctx)
-# cyllama's LLM has no thread option: its context gets llama.cpp's default (4 threads),
-# so the count is set on that context (threads None: left as cyllama sets it), and
-# checked on every repetition
-if a["threads"] is not None:
-    llm._ctx.set_n_threads(a["threads"], a["threads"])
-    for _ in llm("The", config=warm, stream=True):
-        pass   # warm-up with the thread count that is measured
-threads = llm._ctx.n_threads()
-run = GenerationConfig(temperature=0.0, n_ctx=4096, n_gpu_layers=a["ngl"], max_tokens=a["n_gen"])
-rates = []
-for _ in range(a["reps"]):
-    t_first, n = None, 0
-    for _ in llm("The", config=run, stream=True):   # one chunk per token (no stop sequences)
-        n += 1
-        if t_first is None:
-            t_first = time.perf_counter()
-    rates.append((n - 1) / (time.perf_counter() - t_first))
-    if llm._ctx.n_threads() != threads:
-        sys.exit(f"cyllama context runs {llm._ctx.n_threads()} threads, not {threads}")
-print(json.dumps({"tg_stream": statistics.mean(rates), "tg_stream_sd": statistics.pstdev(rates),
-                  "threads": threads, "version": getattr(cyllama, "__version__", "?")}))
-"""
-
-
-def cyllama_bench(model: str, threads: int | None, n_gen: int, reps: int, n_gpu_layers: int = 0) -> dict | None:
-    """cyllama's streamed generation tokens/s (None when it is not installed).
-
-    threads=None measures cyllama as its LLM class runs without being told (its context
-    keeps llama.cpp's default of 4 threads, whatever the machine has); the result says
-    how many it used.
-
-    Runs in a child interpreter, like llama_cpp_python_bench: cyllama links its own ggml,
-    and two ggml copies in one process are not something either project supports.
-    """
-    import importlib.util
-    import sys
-    if importlib.util.find_spec("cyllama") is None:
-        return None
-    args = json.dumps({"model": model, "threads": threads, "ngl": n_gpu_layers, "reps": reps,
-                       "n_gen": n_gen})
-    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _CYLLAMA_CHILD, args],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"cyllama benchmark failed (exit {proc.returncode}): "
-                           + proc.stderr.strip()[-2000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: str = "auto",
                   threads: int | None = None, ngl="auto", kv_unified: bool = True,
                   n_prompt: int = 8, flash_attn: str = "auto") -> dict:
@@ -278,12 +171,14 @@ def find_llama_bench(bin_dir: str | None = None) -> Path | None:
 
 def compare(model: str, *, backend: str = "cpu", threads: int = 2, n_prompt: int = 512,
             n_gen: int = 128, reps: int = 5, ngl="auto", device: str | None = None,
-            bin_dir: str | None = None, others: bool = True, rounds: int = 1) -> tuple[dict, str]:
-    """polyllama beside llama-bench (and llama-cpp-python / cyllama when importable, on
-    the CPU), in one run. Returns the raw figures and a markdown report with ratios.
+            bin_dir: str | None = None, others=(), rounds: int = 1) -> tuple[dict, str]:
+    """polyllama beside llama-bench, and beside `others` on the CPU, in one run. Returns the
+    raw figures and a markdown report with ratios.
 
-    The other bindings run twice on the CPU: with `threads` like everyone else, and as
-    they come (their own default thread count). `rounds` > 1 measures every runner once
+    `others`: (key, label, fn) of other bindings, fn(model, threads, n_gen, reps) -> dict
+    or None when not installed (benchmarks/peers.py has llama-cpp-python and cyllama). They
+    run twice on the CPU: with `threads` like everyone else, and as they come (their own
+    default thread count, threads=None). `rounds` > 1 measures every runner once
     per round, in turn, so that a drift of the machine's speed touches them all; the
     report gives the median of each figure and of each per-round ratio, with the range.
     """
@@ -299,12 +194,9 @@ def compare(model: str, *, backend: str = "cpu", threads: int = 2, n_prompt: int
     # backend="cpu" uses no device at all; llama-bench with -ngl 0 would still hand large
     # matrix products to a visible GPU (op offload), so it gets -dev none to match
     bench_dev = "none" if backend == "cpu" and not device else device
-    on_cpu = backend == "cpu" and others
     # (key, label, function, threads): the other bindings with our thread count, and as shipped
-    other_runs = [(f"{name}_{how}", label, fn, t)
-                  for name, label, fn in (("llama_cpp_python", "llama-cpp-python", llama_cpp_python_bench),
-                                          ("cyllama", "cyllama", cyllama_bench))
-                  for how, t in (("same_threads", threads), ("defaults", None))] if on_cpu else []
+    other_runs = [(f"{name}_{how}", label, fn, t) for name, label, fn in others
+                  for how, t in (("same_threads", threads), ("defaults", None))] if backend == "cpu" else []
     per_round = []
     for _ in range(rounds):
         fig = {"llama_bench": llama_bench(binary, model, threads, n_prompt, n_gen, reps, bench_ngl, bench_dev)

@@ -316,7 +316,7 @@ def cmd_chat(args) -> int:
 
 
 def cmd_model(args) -> int:
-    from .models import fetch_default_model
+    from .default_model import fetch_default_model
     print(fetch_default_model())
     return 0
 
@@ -419,7 +419,7 @@ def cmd_serve(args) -> int:
                 template = f.read()
         except OSError as e:
             raise _ArgumentError(f"argument --chat-template-file: {e.strerror or e}: {args.chat_template_file}") from None
-    from .models import default_model_path
+    from .default_model import default_model_path
     model_path = args.model or str(default_model_path())
     if not os.path.isfile(model_path):
         raise PolyllamaError(f"model file not found: {model_path}")
@@ -491,7 +491,7 @@ def cmd_serve(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import compare
-    from .models import default_model_path
+    from .default_model import default_model_path
     import os
     import subprocess
     from .errors import PolyllamaError
@@ -499,7 +499,7 @@ def cmd_bench(args) -> int:
     try:
         figures, report = compare(model, backend=args.backend, threads=args.threads, n_prompt=args.n_prompt,
                                   n_gen=args.n_gen, reps=args.reps, ngl=args.n_gpu_layers, device=args.device,
-                                  bin_dir=args.llama_bench_dir, others=not args.no_others, rounds=args.rounds)
+                                  bin_dir=args.llama_bench_dir, rounds=args.rounds)
     except subprocess.CalledProcessError as e:
         err = e.stderr.decode("utf-8", "replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
         last = err.strip().splitlines()[-1:] or [""]
@@ -565,7 +565,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-dev", "--device", default=None, help="llama-bench's -dev value, e.g. CUDA0")
     p.add_argument("--llama-bench-dir", default=None,
                    help="folder holding llama-bench (default: build/cmake/bin of this checkout, then PATH)")
-    p.add_argument("--no-others", action="store_true", help="skip llama-cpp-python and cyllama")
     p.add_argument("--json", default=None, help="also write the raw figures to this file")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("model", help="fetch the default model, print its path")

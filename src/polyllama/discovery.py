@@ -1,21 +1,19 @@
 """Device discovery: which ggml devices and backends this build has, queried fresh each call.
 
-Backend names (cpu, cuda, hip, ...) and their ggml registry names come from
-polyllama.buildconfig.BACKENDS, the same table the build uses.
+Backend names (cpu, cuda, hip, ...), their ggml registry names and the order of
+backend="auto" come from polyllama.backend_table, the same table the build reads.
 """
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 
-from . import buildconfig
+from . import backend_table
 from ._extension import core
-
-# The order backend="auto" tries GPU backends in (docs/CHOOSING_A_DEVICE.md says why):
-# vendor-native backends first (CUDA, HIP, Metal: the fastest kernels for their hardware),
-# then the portable Vulkan, then SYCL and OpenCL, whose ggml backends cover fewer ops.
-AUTO_ORDER = ("cuda", "hip", "metal", "vulkan", "sycl", "opencl")
+from .backend_table import AUTO_ORDER, BACKENDS
 
 # Drivers that implement a GPU API on the CPU. ggml-vulkan reports lavapipe as a GPU
 # (it maps every non-integrated device to GGML_BACKEND_DEVICE_TYPE_GPU), so the device
@@ -54,12 +52,12 @@ class Device:
     @property
     def is_offload_target(self) -> bool:
         """Whether llama.cpp can place layers on it (the CPU and BLAS devices are not)."""
-        b = buildconfig.backend_by_name(self.backend)
+        b = backend_table.by_name(self.backend)
         return b is not None and b.offload
 
 
 def _backend_name(registry: str) -> str:
-    b = buildconfig.backend_by_registry(registry)
+    b = backend_table.by_registry(registry)
     return b.name if b is not None else registry.lower()
 
 
@@ -90,33 +88,34 @@ class BackendStatus:
 
     @property
     def usable(self) -> bool:
-        return self.compiled and (bool(self.devices) or self.name in ("cpu", "rpc", "blas"))
+        return self.compiled and (bool(self.devices) or not backend_table.by_name(self.name).needs_device)
 
 
 def _hidden_vulkan_cpu_devices() -> int:
     """How many CPU-type Vulkan devices (e.g. lavapipe) ggml-vulkan is hiding.
 
     ggml-vulkan skips CPU-type devices unless GGML_VK_VISIBLE_DEVICES is set; users then
-    see no Vulkan device at all. We ask vulkaninfo (vulkan-tools) to tell them why.
+    see no Vulkan device at all. We ask vulkaninfo (vulkan-tools), when it is installed, to
+    tell them why; 0 when it is not or says nothing in time.
     """
-    if os.environ.get("GGML_VK_VISIBLE_DEVICES"):
+    vulkaninfo = shutil.which("vulkaninfo")
+    if os.environ.get("GGML_VK_VISIBLE_DEVICES") or vulkaninfo is None:
         return 0
-    info = buildconfig.detect_vulkan()
-    return int(getattr(info, "cpu_type_devices", 0) or 0)
+    try:
+        out = subprocess.run([vulkaninfo, "--summary"], capture_output=True, text=True, errors="replace",
+                             stdin=subprocess.DEVNULL, timeout=5, env=dict(os.environ, LC_ALL="C")).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(kind == "CPU" for _, kind in backend_table.parse_vulkaninfo_summary(out))
 
 
-# ggml-cuda, which ggml-hip compiles too, logs under its init function's name rather than
-# its registry's ("ggml_cuda_init: failed to initialize ROCm: no ROCm-capable device ...").
-_LOG_PREFIXES = {"CUDA": ("ggml_cuda_init:",), "ROCm": ("ggml_cuda_init:",)}
-
-
-def _registration_lines(registry: str) -> list[str]:
+def _registration_lines(b: backend_table.Backend) -> list[str]:
     """What a backend logged about its devices while registering at import.
 
     ggml-opencl, for one, names each device it drops and why ("device does not support
     FP16"); that is the most precise reason there is, so it goes into the status.
     """
-    prefixes = (f"ggml_{registry.lower()}:",) + _LOG_PREFIXES.get(registry, ())
+    prefixes = (f"ggml_{b.registry.lower()}:",) + ((b.log_prefix,) if b.log_prefix else ())
     out = []
     for line in core.REGISTRATION_LOG.splitlines():
         prefix = next((p for p in prefixes if line.startswith(p)), None)
@@ -128,7 +127,7 @@ def _registration_lines(registry: str) -> list[str]:
 def _amd_gpu_access() -> str:
     """What the kernel lacks when the ROCm runtime finds no GPU, or "" when nothing visible
     is: the runtime reaches AMD GPUs through /dev/kfd, the amdgpu driver's compute device."""
-    kfd = buildconfig.host_path("/dev/kfd")
+    kfd = backend_table.host_path("/dev/kfd")
     if not os.path.exists(kfd):
         return "/dev/kfd is absent: there is no AMD GPU here, or the amdgpu kernel driver is not loaded"
     if not os.access(kfd, os.R_OK | os.W_OK):
@@ -151,7 +150,7 @@ def backends() -> list[BackendStatus]:
     built = set(_built_backends())
     devs = devices()
     out = []
-    for b in buildconfig.BACKENDS:
+    for b in BACKENDS:
         # a backend can be compiled in and still have no registry: ggml-vulkan, for one,
         # returns none when the Vulkan loader finds no usable driver at start-up
         st = BackendStatus(name=b.name, title=b.title,
@@ -162,26 +161,21 @@ def backends() -> list[BackendStatus]:
                          f"`{b.flag}=1 pip install .`")
         elif b.registry not in registered:
             st.reason = f"compiled in, but ggml's {b.title} backend did not start"
-            if b.name == "vulkan":
-                st.reason += (" (the Vulkan loader found no usable driver; "
-                              "VK_LOADER_DEBUG=error shows why)")
-            said = _registration_lines(b.registry)
-            if said:
-                st.reason += "; ggml said: " + " / ".join(said)
-        elif not st.devices and b.name not in ("cpu", "rpc", "blas"):
+            if b.no_registry_hint:
+                st.reason += f" ({b.no_registry_hint})"
+        elif not st.devices and b.needs_device:
             st.reason = "compiled in, no device found"
-            if b.name == "vulkan":
-                hidden = _hidden_vulkan_cpu_devices()
-                if hidden:
-                    st.reason = (f"Vulkan compiled in; {hidden} CPU-type device"
-                                 f"{'s' if hidden > 1 else ''} hidden, set GGML_VK_VISIBLE_DEVICES "
-                                 "to use it (e.g. GGML_VK_VISIBLE_DEVICES=0)")
-            elif b.name == "opencl":
-                st.reason += ("; ggml-opencl accepts only Adreno/Qualcomm and Intel GPUs "
-                              "with OpenCL C >= 2.0 and cl_khr_fp16")
+            hidden = _hidden_vulkan_cpu_devices() if b.name == "vulkan" else 0
+            if hidden:
+                st.reason = (f"Vulkan compiled in; {hidden} CPU-type device"
+                             f"{'s' if hidden > 1 else ''} hidden, set GGML_VK_VISIBLE_DEVICES "
+                             "to use it (e.g. GGML_VK_VISIBLE_DEVICES=0)")
+            elif b.no_device_hint:
+                st.reason += "; " + b.no_device_hint
             elif b.name == "hip" and _amd_gpu_access():
                 st.reason += "; " + _amd_gpu_access()
-            said = _registration_lines(b.registry)
+        if st.reason and st.compiled:
+            said = _registration_lines(b)
             if said:
                 st.reason += "; ggml said: " + " / ".join(said)
         soft = [d.name for d in st.devices if d.is_offload_target and d.software]

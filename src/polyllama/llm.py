@@ -28,7 +28,7 @@ from .errors import (ConflictingArgumentsError, ContextError, ContextOverflowErr
                      InsufficientMemoryError, LoadAbortedError, ModelLoadError, PolyllamaError,
                      TemplateError)
 from .gguf_check import check_gguf
-from .models import default_model_path
+from .default_model import default_model_path
 from .placement import (DEFAULT_MARGIN, Candidate, Placement, check_kv_fits_devices, model_params,
                         real_device_names, resolve_candidates)
 from .sampling import SamplingParams, build_sampler, is_plain_greedy

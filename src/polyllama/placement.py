@@ -13,24 +13,23 @@ import sys
 from dataclasses import dataclass, field
 from typing import Sequence, Union
 
-from . import buildconfig
+from . import backend_table
 from ._extension import core
-from .discovery import AUTO_ORDER, Device, backends, devices
+from .backend_table import AUTO_ORDER, BACKEND_NAMES
+from .discovery import Device, backends, devices
 from .errors import (BackendNotCompiledError, ConflictingArgumentsError, ContextError, DeviceNotFoundError,
                      NoDeviceError, UnknownBackendError)
 
 log = logging.getLogger("polyllama")
 
 DeviceSpec = Union[int, str, Device]
-SPLIT_MODES = ("none", "layer", "row", "tensor")
-BACKEND_NAMES = tuple(b.name for b in buildconfig.BACKENDS)
+SPLIT_MODES = tuple(core.SPLIT_MODES)   # llama_split_mode's names, in _core.pyx
 DEFAULT_MARGIN = 1 << 30  # bytes left free per device when fitting, as llama.cpp's -fit
 # split_mode="row" puts weights in a backend's split buffer type, which llama.cpp asks the
 # registry for ("ggml_backend_split_buffer_type", src/llama-model.cpp make_gpu_buft_list)
-# and fails without ("device Vulkan0 does not support split buffers"). In the pinned
-# llama.cpp only ggml-sycl exports it: ggml-cuda (so HIP too) dropped row split for
-# split_mode="tensor".
-ROW_SPLIT_BACKENDS = ("sycl",)
+# and fails without ("device Vulkan0 does not support split buffers"): backend_table's
+# row_split says which backends export it.
+ROW_SPLIT_BACKENDS = tuple(b.name for b in backend_table.BACKENDS if b.row_split)
 
 
 @dataclass
@@ -206,7 +205,7 @@ def resolve_candidates(backend: str | None = None, device: DeviceSpec | Sequence
     statuses = {s.name: s for s in backends()}
     # one entry for all of them: the rebuild hint is the same for each (Metal only on macOS)
     absent = [n for n in AUTO_ORDER if not statuses[n].compiled
-              and (n != "metal" or sys.platform == "darwin")]
+              and backend_table.by_name(n).only_on in (None, sys.platform)]
     if absent:
         hint = (f"make build-{absent[0]} or GGML_{absent[0].upper()}=1" if len(absent) == 1
                 else "make build-<name> or GGML_<NAME>=1")

@@ -1,25 +1,26 @@
 #!/usr/bin/env python3
-"""polyllama's build configuration: backend names, GGML_* flags and SDK detection.
+"""polyllama's build configuration: GGML_* flags, SDK detection, and what CMake gets.
 
-This file is the one place that knows which ggml backends exist, which environment
-variables select them and how to tell whether their SDKs are installed. Three users:
+The backends themselves (names, flags, registries, install hints, which are automatic...)
+are facts of src/polyllama/backend_table.py, which this file loads by path; here is what
+only a build needs. It runs where the build runs, never inside an installed polyllama:
 
 * the Makefile runs it as a script::
 
-      python3 src/polyllama/buildconfig.py cmake-args   # -D arguments for CMake, one line
-      python3 src/polyllama/buildconfig.py check        # fail fast when an SDK is missing
+      python3 buildtools/buildconfig.py check             # fail fast when an SDK is missing
+      python3 buildtools/buildconfig.py target-env cuda   # the flags `make build-cuda` sets
+      python3 buildtools/buildconfig.py show              # flags, detection, CMake settings
 
-* CMakeLists.txt runs ``buildconfig.py cmake-file PATH`` under ``pip install .`` and
-  includes the file of ``set(... CACHE ... FORCE)`` lines it writes;
-* the package imports it at run time as ``polyllama.buildconfig`` (backend table,
-  Vulkan device notes). It therefore imports only the standard library, never another
-  polyllama module, and works without the compiled extension.
+* CMakeLists.txt runs ``buildconfig.py cmake-file PATH`` at every configure (under `make
+  build` and `pip install .` alike) and includes the file of ``set(... CACHE ... FORCE)``
+  lines it writes. It imports only the standard library.
 
 Flags are read from the environment: GGML_CUDA GGML_HIP GGML_SYCL GGML_METAL GGML_VULKAN
 GGML_OPENCL GGML_RPC GGML_BLAS GGML_NATIVE (1/0, on/off, true/false, yes/no, any case),
 GGML_AUTO=1 (build every backend whose SDK and device are found here), GGML_BLAS_VENDOR,
-CMAKE_CUDA_ARCHITECTURES, GPU_TARGETS (or AMDGPU_TARGETS) and CMAKE_ARGS (passed through
-to CMake; -D settings of the variables above inside it count as if set in the environment).
+CMAKE_CUDA_ARCHITECTURES, GPU_TARGETS (or AMDGPU_TARGETS) and CMAKE_ARGS (passed to CMake
+by make and by scikit-build-core; -D settings of the variables above inside it count as if
+set in the environment).
 
 Test hooks (environment variables; every detector takes an ``env`` mapping, so tests pass
 a fake environment instead of touching the real system):
@@ -35,118 +36,50 @@ a fake environment instead of touching the real system):
 """
 from __future__ import annotations
 
-import os
-import sys
-
-if __name__ == "__main__":
-    # Run as a script, Python puts src/polyllama first on sys.path, where a module of the
-    # package could shadow a standard-library one imported below (dataclasses imports
-    # `types`, `inspect`, ...). This file needs nothing from its own directory.
-    _here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-
 import argparse
 import functools
 import glob
+import importlib.util
 import json
+import os
 import re
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+
+
+def _load_backend_table():
+    """src/polyllama/backend_table.py, loaded by path: importing the polyllama package
+    would need its compiled extension, which is what is being built."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
+                        "src", "polyllama", "backend_table.py")
+    spec = importlib.util.spec_from_file_location("polyllama_backend_table", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # dataclasses look their module up while decorating
+    spec.loader.exec_module(module)
+    return module
+
+
+_table = _load_backend_table()
+Backend = _table.Backend
+BACKENDS = _table.BACKENDS
+backend_by_name = _table.by_name
+backend_by_registry = _table.by_registry
+host_path = _table.host_path
 
 __all__ = [
     "Backend", "BACKENDS", "backend_by_name", "backend_by_registry",
     "BuildConfigError", "MissingSdkError", "parse_flag", "SdkInfo", "host_path",
     "detect_cpu", "detect_cuda", "detect_hip", "detect_sycl", "detect_metal",
     "detect_vulkan", "detect_opencl", "detect_rpc", "detect_blas", "DETECTORS",
-    "detect", "detect_all", "AUTO_BACKENDS", "BuildConfig", "resolve", "missing_sdk_problems",
+    "detect", "detect_all", "BuildConfig", "resolve", "missing_sdk_problems",
     "cmake_file_text", "show_text", "main",
 ]
-
-
-# --------------------------------------------------------------------------------------
-# The backend table
-# --------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Backend:
-    name: str          # polyllama's name: LLM(backend=...), make build-<name>
-    flag: str          # environment variable and CMake option that selects it
-    registry: str      # ggml backend registry name (ggml_backend_reg_name)
-    make_target: str   # Makefile target that builds with just this backend added
-    title: str         # human name
-    sdk_name: str      # what must be installed to build it, for messages ("the CUDA toolkit")
-    install_hint: str  # how to install that, Debian/Ubuntu first
-    offload: bool      # whether model layers can be offloaded to its devices
-
-
-BACKENDS: Tuple[Backend, ...] = (
-    Backend("cpu", "GGML_CPU", "CPU", "build-cpu", "CPU", "C/C++ toolchain",
-            "Nothing extra: a C/C++ compiler and CMake (apt-get install build-essential cmake ninja-build).",
-            offload=False),
-    Backend("cuda", "GGML_CUDA", "CUDA", "build-cuda", "CUDA (NVIDIA)", "CUDA toolkit",
-            "On Debian/Ubuntu add NVIDIA's CUDA apt repository and "
-            "`apt-get install cuda-toolkit` (or the distribution's nvidia-cuda-toolkit), elsewhere "
-            "https://developer.nvidia.com/cuda-downloads; set CUDA_HOME if nvcc is neither on PATH "
-            "nor in /usr/local/cuda.",
-            offload=True),
-    Backend("hip", "GGML_HIP", "ROCm", "build-hip", "HIP (AMD ROCm)", "ROCm HIP SDK",
-            "ROCm >= 6.1 with hipBLAS and rocBLAS: on Debian sid `apt-get install hipcc libamdhip64-dev "
-            "libhipblas-dev librocblas-dev` (HIP 6.4 in /usr; Debian 13's 5.7 is too old); elsewhere add AMD's "
-            "ROCm apt repository and `apt-get install rocm-hip-sdk hipblas-dev rocblas-dev` (or "
-            "`amdgpu-install --usecase=rocm`); set ROCM_PATH if it is in neither /opt/rocm nor /usr.",
-            offload=True),
-    Backend("sycl", "GGML_SYCL", "SYCL", "build-sycl", "SYCL (Intel oneAPI)",
-            "Intel oneAPI DPC++ compiler (icpx)",
-            "The Intel oneAPI Base Toolkit: on Debian/Ubuntu add Intel's oneAPI apt repository and "
-            "`apt-get install intel-oneapi-compiler-dpcpp-cpp intel-oneapi-mkl-devel` "
-            "(or intel-oneapi-base-toolkit), then `source /opt/intel/oneapi/setvars.sh` before building.",
-            offload=True),
-    Backend("metal", "GGML_METAL", "MTL", "build-metal", "Metal (Apple)", "Xcode Metal toolchain",
-            "macOS only: the Xcode command line tools (`xcode-select --install`); "
-            "full Xcode adds the offline metal shader compiler.",
-            offload=True),
-    Backend("vulkan", "GGML_VULKAN", "Vulkan", "build-vulkan", "Vulkan", "Vulkan SDK",
-            "`apt-get install libvulkan-dev glslc mesa-vulkan-drivers spirv-headers` (vulkan-tools for "
-            "vulkaninfo); Debian 12's Vulkan headers (1.3.239) are too old for ggml-vulkan, "
-            "`scripts/setup.sh --vulkan-headers` fetches Debian 13's into the cache. Elsewhere install "
-            "the LunarG Vulkan SDK and set VULKAN_SDK.",
-            offload=True),
-    Backend("opencl", "GGML_OPENCL", "OpenCL", "build-opencl", "OpenCL", "OpenCL SDK",
-            "`apt-get install ocl-icd-opencl-dev opencl-headers clinfo` plus the GPU vendor's OpenCL "
-            "driver (e.g. intel-opencl-icd); set OCL_ROOT for an SDK outside /usr.",
-            offload=True),
-    Backend("rpc", "GGML_RPC", "RPC", "build-rpc", "RPC (remote ggml servers)", "RPC backend",
-            "Nothing extra: the RPC backend is plain C++ and talks to rpc-server over TCP.",
-            offload=True),
-    Backend("blas", "GGML_BLAS", "BLAS", "build-blas", "BLAS", "BLAS library",
-            "`apt-get install libopenblas-dev` (ggml's default), or set GGML_BLAS_VENDOR for another "
-            "BLAS (e.g. Intel10_64lp for MKL); on macOS Accelerate is always there.",
-            offload=False),
-)
-
-_BY_NAME = {b.name: b for b in BACKENDS}
-_BY_REGISTRY = {b.registry.lower(): b for b in BACKENDS}
-
-# Backends GGML_AUTO may switch on. RPC and BLAS are never automatic: RPC needs servers
-# the build cannot see, and BLAS only helps prompt processing on some CPUs.
-AUTO_BACKENDS = ("cuda", "hip", "sycl", "metal", "vulkan", "opencl")
-# Backends that need nothing beyond a C++ compiler, so check never fails for them.
-_NO_SDK_BACKENDS = ("cpu", "rpc")
-
-
-def backend_by_name(name: str) -> Optional[Backend]:
-    """The Backend called `name` ("cuda"), or None."""
-    return _BY_NAME.get(name)
-
-
-def backend_by_registry(regname: str) -> Optional[Backend]:
-    """The Backend whose ggml registry is `regname` ("CUDA", "ROCm", "MTL"), or None."""
-    return _BY_REGISTRY.get(regname.lower())
 
 
 # --------------------------------------------------------------------------------------
@@ -199,19 +132,6 @@ _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/li
 
 def _environ(env: Optional[Mapping[str, str]]) -> Mapping[str, str]:
     return os.environ if env is None else env
-
-
-def host_path(path: str, env: Optional[Mapping[str, str]] = None) -> str:
-    """A fixed absolute system path, moved under the test hook's fake root when set."""
-    env = _environ(env)
-    if not os.path.isabs(path):
-        return path
-    root = env.get("POLYLLAMA_FAKE_ROOT")
-    if path == "/dev" or path.startswith("/dev/"):
-        root = env.get("POLYLLAMA_FAKE_DEV_ROOT") or root
-    if not root:
-        return path
-    return os.path.join(root, path.lstrip("/"))
 
 
 def _platform(env: Mapping[str, str]) -> str:
@@ -894,18 +814,13 @@ def _probe_vulkan_devices(info: SdkInfo, env: Mapping[str, str]) -> None:
         info.device_note = "cannot tell: vulkaninfo (package vulkan-tools) not found"
         return
     rc, out = _run([vulkaninfo, "--summary"], env)
-    types = re.findall(r"^\s*deviceType\s*=\s*(\S+)", out, re.MULTILINE)
-    names = re.findall(r"^\s*deviceName\s*=\s*(.+?)\s*$", out, re.MULTILINE)
-    if rc is None and not types:
+    listed = _table.parse_vulkaninfo_summary(out)
+    if rc is None and not listed:
         info.device_present, info.device_note = None, f"cannot tell: {out.strip()[-160:]}"
         return
-    cpu_names = []
-    for i, dtype in enumerate(types):
-        name = names[i] if i < len(names) else f"device {i}"
-        kind = dtype.replace("PHYSICAL_DEVICE_TYPE_", "")
-        info.devices.append(f"{name} [{kind}]")
-        if kind == "CPU":
-            cpu_names.append(name)
+    types = [kind for _, kind in listed]
+    info.devices += [f"{name} [{kind}]" for name, kind in listed]
+    cpu_names = [name for name, kind in listed if kind == "CPU"]
     info.cpu_type_devices = len(cpu_names)
     # A CPU-type device (Mesa's lavapipe) is software rendering: slower than ggml's own CPU
     # backend and hidden by ggml-vulkan by default, so it does not make GGML_AUTO build Vulkan.
@@ -1127,7 +1042,7 @@ def missing_sdk_problems(config: BuildConfig) -> List[str]:
     """One sentence per enabled backend whose SDK was not found (empty: buildable)."""
     problems = []
     for b in BACKENDS:
-        if not config.enabled.get(b.name) or b.name in _NO_SDK_BACKENDS:
+        if not config.enabled.get(b.name) or not b.needs_sdk:
             continue
         sdk = config.sdks.get(b.name)
         if sdk is None or sdk.found:
@@ -1165,13 +1080,14 @@ def resolve(env: Optional[Mapping[str, str]] = None, check: bool = True, *,
                                "set only GPU_TARGETS (AMDGPU_TARGETS is its old name)")
     gpu_targets = gpu_targets or amdgpu_targets
 
-    # Platform default: the CPU everywhere, plus Metal on macOS (every Mac has it).
+    # Platform default: the CPU everywhere, plus a backend that exists only here and
+    # always can be built (Metal on macOS: every Mac has it).
     enabled = {b.name: False for b in BACKENDS}
     enabled["cpu"] = True
-    enabled["metal"] = _platform(env) == "darwin"
+    enabled.update({b.name: True for b in BACKENDS if b.only_on and b.only_on == _platform(env)})
 
     # Detection: what an explicit or default backend needs checked, plus AUTO's candidates.
-    auto_candidates = [n for n in AUTO_BACKENDS if requested[n] is None] if auto else []
+    auto_candidates = [n for n in _table.AUTO_ORDER if requested[n] is None] if auto else []
     wanted_on = {n for n in enabled if n != "cpu" and (requested[n] if requested[n] is not None else enabled[n])}
     need = wanted_on | set(auto_candidates)
     sdks: Dict[str, SdkInfo] = {n: detected[n] for n in need if detected and n in detected}
@@ -1180,7 +1096,7 @@ def resolve(env: Optional[Mapping[str, str]] = None, check: bool = True, *,
 
     warnings: List[str] = []
     for name in auto_candidates:
-        sdk, b = sdks[name], _BY_NAME[name]
+        sdk, b = sdks[name], backend_by_name(name)
         enabled[name] = sdk.found and sdk.device_present is not False
         if sdk.found and sdk.device_present is False:
             where = f" found at {sdk.path}" if sdk.path else " found"
@@ -1259,17 +1175,18 @@ def _cmake_quote(value: str) -> str:
 
 
 def cmake_file_text(config: BuildConfig) -> str:
-    """The .cmake file CMakeLists.txt includes under `pip install .`."""
+    """The .cmake file CMakeLists.txt includes at every configure."""
     lines = [
-        "# Written by src/polyllama/buildconfig.py cmake-file: the backend flags resolved from the",
+        "# Written by buildtools/buildconfig.py cmake-file: the backend flags resolved from the",
         "# environment. Do not edit; it is rewritten at every configure.",
-        "# CMAKE_ARGS is not repeated here: scikit-build-core already passes it to CMake itself",
+        "# CMAKE_ARGS is not repeated here: make and scikit-build-core pass it to CMake themselves",
         "# (its -DGGML_*, CMAKE_CUDA_ARCHITECTURES, GPU_TARGETS settings are folded in below).",
     ]
     for name, value in config.options.items():
         kind = "BOOL" if value in ("ON", "OFF") else "STRING"
         lines.append(f'set({name} {_cmake_quote(value)} CACHE {kind} "" FORCE)')
     lines.append(f"set(POLYLLAMA_ENABLED_BACKENDS {_cmake_quote(';'.join(config.enabled_backends))})")
+    lines.append(f"set(POLYLLAMA_BACKEND_FLAGS {_cmake_quote(';'.join(b.flag for b in BACKENDS if b.name != 'cpu'))})")
     return "\n".join(lines) + "\n"
 
 
@@ -1303,7 +1220,7 @@ def show_text(env: Optional[Mapping[str, str]] = None) -> str:
     out.append("")
     for b in BACKENDS:
         sdk = detected[b.name]
-        if b.name in ("cpu", "rpc"):
+        if not b.needs_sdk:
             continue
         out.append(f"{b.name}: {sdk.summary()}")
         if sdk.device_note:
@@ -1324,6 +1241,34 @@ def show_text(env: Optional[Mapping[str, str]] = None) -> str:
     return "\n".join(out)
 
 
+# `make build-<name>`: a backend's name adds that backend; these stand for several
+_GROUP_TARGETS = {
+    "cpu": "every backend flag off: the CPU alone",
+    "all": "every backend this platform can have; fails fast naming each missing SDK",
+    "auto": "every backend whose SDK (and device) is detected here (GGML_AUTO=1)",
+}
+
+
+def target_names() -> List[str]:
+    """The <b> of every `make build-<b>` target."""
+    return [b.name for b in BACKENDS] + [g for g in _GROUP_TARGETS if g not in _table.BACKEND_NAMES]
+
+
+def target_env(name: str, env: Optional[Mapping[str, str]] = None) -> List[str]:
+    """The VAR=VALUE settings `make build-<name>` runs `make build` with."""
+    if name == "cpu":
+        return [f"{b.flag}=0" for b in BACKENDS if b.name != "cpu"]
+    if name == "all":
+        platform = _platform(_environ(env))
+        return [f"{b.flag}=1" for b in BACKENDS if b.in_build_all and b.only_on in (None, platform)]
+    if name == "auto":
+        return ["GGML_AUTO=1"]
+    b = backend_by_name(name)
+    if b is None:
+        raise BuildConfigError(f"no build target for {name!r}; make build-<b> takes b = {' '.join(target_names())}")
+    return [f"{b.flag}=1"]
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="buildconfig.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1333,6 +1278,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p_file.add_argument("path")
     sub.add_parser("show", help="flags, SDK detection for every backend, and the CMake arguments")
     sub.add_parser("json", help="the configuration and detection for every backend, as JSON")
+    p_target = sub.add_parser("target-env", help="the flags `make build-NAME` sets, as VAR=VALUE words")
+    p_target.add_argument("name")
+    sub.add_parser("target-names", help="the NAMEs of `make build-NAME`")
     args = parser.parse_args(argv)
     try:
         if args.command == "cmake-args":
@@ -1353,6 +1301,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f.write(cmake_file_text(config))
         elif args.command == "show":
             print(show_text())
+        elif args.command == "target-env":
+            print(" ".join(target_env(args.name)))
+        elif args.command == "target-names":
+            print(" ".join(target_names()))
         elif args.command == "json":
             detected = detect_all()
             data = resolve(check=False, detected=detected).to_json()

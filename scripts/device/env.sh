@@ -1,5 +1,5 @@
-# Sourced by scripts/device_build.sh and scripts/device_gpu.sh on a GPU machine without
-# network: unpack what scripts/device_bundle.sh carried and export what the build and the
+# Sourced by scripts/device/build.sh and scripts/device/gpu.sh on a GPU machine without
+# network: unpack what scripts/device/bundle.sh carried and export what the build and the
 # runs need. Safe to source more than once.
 #
 # Vulkan (when .devcarry/vulkan exists): the loader and glvnd's libraries (libGLdispatch,
@@ -8,7 +8,7 @@
 # and reach the build through PATH, LD_LIBRARY_PATH and CMAKE_PREFIX_PATH; the newer
 # Vulkan headers reach buildconfig.py through POLYLLAMA_VULKAN_INCLUDE_DIR. NVIDIA's driver
 # ICD lives in the driver's read-only mount, so the loader is told where it is.
-_devroot=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+_devroot=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 if [ -d "$_devroot/.devcarry/vulkan" ]; then
   _vk=/opt/polyllama-vk
   if [ ! -x "$_vk/usr/bin/glslc" ]; then

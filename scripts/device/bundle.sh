@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Pack what a GPU machine without network needs to build polyllama, into .devcarry/
 # (git-ignored). Carry it with the device tool:
-#   run(command="bash scripts/device_build.sh", carry=[".devcarry"])
+#   run(command="bash scripts/device/build.sh", carry=[".devcarry"])
 #
-#   scripts/device_bundle.sh            the pinned llama.cpp tree, trimmed (no docs, media,
+#   scripts/device/bundle.sh            the pinned llama.cpp tree, trimmed (no docs, media,
 #                                       web UI, test vocabularies but the one the random
 #                                       models use): about 10 MB
 #   ... --vulkan                        also what a CUDA + Vulkan build needs there: the
@@ -15,14 +15,14 @@
 #                                       vendor/llama.cpp (the same tree as above), to build
 #                                       it there with CUDA for the benchmark
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 want_vulkan=0 want_lcp=0
 for arg in "$@"; do
   case "$arg" in
     --vulkan) want_vulkan=1 ;;
     --llama-cpp-python) want_lcp=1 ;;
     -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
-    *) echo "device_bundle.sh: unknown option $arg" >&2; exit 2 ;;
+    *) echo "device/bundle.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
 cache=${POLYLLAMA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/polyllama}
@@ -55,7 +55,7 @@ if [ $want_lcp = 1 ]; then
   tar xzf "$sdist" -C "$work"
   name=$(basename "$sdist" .tar.gz)
   # without vendor/llama.cpp: it is the very tree of llama.cpp.tar.gz, which
-  # device_build.sh puts back in its place
+  # device/build.sh puts back in its place
   # llama_cpp imports diskcache, which the device image lacks (pure Python)
   mkdir -p .devcarry/wheels
   python3 -m pip download -q --no-deps --only-binary=:all: -d .devcarry/wheels "diskcache==5.6.3"
@@ -63,4 +63,4 @@ if [ $want_lcp = 1 ]; then
     --exclude="$name/.git" --exclude="$name/examples" "$name"
 fi
 du -sh .devcarry/* .devcarry/vulkan/* 2>/dev/null || true
-echo "device_bundle: total $(du -sh .devcarry | cut -f1) (the device tool carries at most 64 MiB)"
+echo "device/bundle: total $(du -sh .devcarry | cut -f1) (the device tool carries at most 64 MiB)"

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# On a GPU device machine, after scripts/device_build.sh: write random-weight llama models
+# On a GPU device machine, after scripts/device/build.sh: write random-weight llama models
 # (1B and 8B shapes; F16, Q8_0, Q4_0), run the GPU tests, and run the benchmark harness for
 # every GPU backend of the build (CUDA, and Vulkan when it was built in).
-# Results go to $OUT (or ./device-out). Steps can be chosen: device_gpu.sh models tests bench
+# Results go to $OUT (or ./device-out). Steps can be chosen: device/gpu.sh models tests bench
 # QUANTS (default "Q4_0 Q8_0") picks the quantized models written besides F16, and
 # BENCH_ARGS passes more options to benchmarks/bench_gpu.py (e.g. "--types Q4_0 -r 2").
 # A step that finished is not run again on the same machine (markers in /tmp/polyllama-done),
 # so after a command that hit the device tool's 10-minute limit the same line continues.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source scripts/device_env.sh
+cd "$(dirname "$0")/../.."
+source scripts/device/env.sh
 out=${OUT:-device-out}; mkdir -p "$out"
 models=${MODELS_DIR:-/tmp/polyllama-models}; mkdir -p "$models"
 done_dir=/tmp/polyllama-done; mkdir -p "$done_dir"
@@ -21,7 +21,7 @@ gpu_backends=$(python3 -c 'from polyllama import devices
 print(",".join(dict.fromkeys(d.backend for d in devices() if d.type in ("GPU", "iGPU") and d.is_offload_target and not d.software)))')
 
 for step in $steps; do
-  if [ -f "$done_dir/$step" ]; then echo "device_gpu: $step already done on this machine"; continue; fi
+  if [ -f "$done_dir/$step" ]; then echo "device/gpu: $step already done on this machine"; continue; fi
   t0=$(date +%s)
   case $step in
     models)
@@ -40,9 +40,9 @@ for step in $steps; do
     bench)
       python3 -X faulthandler benchmarks/bench_gpu.py --models-dir "$models" --out "$out" --backends "$gpu_backends" ${BENCH_ARGS:-} \
         2>&1 | tee "$out/bench.txt" ;;
-    *) echo "device_gpu: unknown step $step" >&2; exit 2 ;;
+    *) echo "device/gpu: unknown step $step" >&2; exit 2 ;;
   esac
   rc=${PIPESTATUS[0]}
-  echo "device_gpu: $step $(( $(date +%s) - t0 )) s (exit $rc)" | tee -a "$out/steps.txt"
+  echo "device/gpu: $step $(( $(date +%s) - t0 )) s (exit $rc)" | tee -a "$out/steps.txt"
   [ "$rc" = 0 ] && touch "$done_dir/$step"   # a failed step runs again next time
 done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build polyllama with CUDA (and, when carried, Vulkan) on a GPU machine without network.
-#   locally:   bash scripts/device_bundle.sh [--vulkan] [--llama-cpp-python]
-#   device:    bash scripts/device_build.sh [--llama-cpp-python]      (carry .devcarry)
+#   locally:   bash scripts/device/bundle.sh [--vulkan] [--llama-cpp-python]
+#   device:    bash scripts/device/build.sh [--llama-cpp-python]      (carry .devcarry)
 #
 # Unpacks the carried llama.cpp tree, then runs the same `make build` as anywhere else with
 # GGML_CUDA=1 (and GGML_VULKAN=1 when the bundle has .devcarry/vulkan; set GGML_VULKAN=0 to
@@ -13,13 +13,13 @@
 # A command on the device may run 10 minutes: when one ends before the build does, run the
 # script again at once (within the 30 s the machine stays warm); ninja resumes.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-source scripts/device_env.sh
+cd "$(dirname "$0")/../.."
+source scripts/device/env.sh
 want_lcp=0
 for arg in "$@"; do
   case "$arg" in
     --llama-cpp-python) want_lcp=1 ;;
-    *) echo "device_build.sh: unknown option $arg" >&2; exit 2 ;;
+    *) echo "device/build.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
 if [ ! -f thirdparty/llama.cpp/include/llama.h ]; then
@@ -36,7 +36,7 @@ if [ -d .devcarry/vulkan ]; then export GGML_VULKAN=${GGML_VULKAN:-1}; fi
 t0=$(date +%s)
 GGML_CUDA=${GGML_CUDA:-1} make build
 cmake --build build/cmake -j "$JOBS" --target llama-quantize llama-batched-bench
-echo "device_build: polyllama $(( $(date +%s) - t0 )) s"
+echo "device/build: polyllama $(( $(date +%s) - t0 )) s"
 
 if [ $want_lcp = 1 ] && [ ! -d /tmp/lcp-site/llama_cpp ]; then
   t1=$(date +%s)
@@ -54,5 +54,5 @@ if [ $want_lcp = 1 ] && [ ! -d /tmp/lcp-site/llama_cpp ]; then
       --config-settings=build-dir=/tmp/lcp-build "$src"
   python3 -m pip install -q --no-index --no-deps --target /tmp/lcp-site /tmp/lcp-wheel/llama_cpp_python-*.whl \
     .devcarry/wheels/*.whl
-  echo "device_build: llama-cpp-python $(( $(date +%s) - t1 )) s"
+  echo "device/build: llama-cpp-python $(( $(date +%s) - t1 )) s"
 fi
