@@ -56,7 +56,7 @@ def test_make_n_build_backend_passes_its_flag(backend):
 def test_make_n_build_cpu_turns_everything_off():
     line, words = make_n("build-cpu", GGML_VULKAN="1")
     assert sorted(words) == sorted(f"{flag}=0" for flag in FLAGS.values())
-    args = resolved_flags(GGML_VULKAN="1", **dict(w.split("=", 1) for w in words))
+    args = resolved_flags(**{"GGML_VULKAN": "1", **dict(w.split("=", 1) for w in words)})
     for flag in FLAGS.values():
         assert f"-D{flag}=OFF" in args
 
