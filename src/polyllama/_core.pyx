@@ -71,8 +71,9 @@ def set_log_level(str level):
     _native.log_set_stderr_level(LOG_LEVELS[level])
 
 
-def recent_log_problems():
-    """Warnings and errors llama.cpp logged since the last clear_log_problems()."""
+cdef str _recent_log_problems():
+    """Warnings and errors llama.cpp logged since the last call into it that clears them
+    (a load, a context, a grammar: each starts with _native.log_clear())."""
     return _native.log_recent_problems().decode("utf-8", "replace")
 
 
@@ -93,17 +94,13 @@ def _failure_reason(string & err):
         return clean_log_line(errors[-1])
     if err.size():
         return clean_log_line(err.decode("utf-8", "replace"))
-    problems = recent_log_problems().splitlines()
+    problems = _recent_log_problems().splitlines()
     return clean_log_line(problems[-1]) if problems else ""
 
 
 def recent_log_errors():
-    """The error lines among recent_log_problems() (a failed call's reasons)."""
+    """The error lines among _recent_log_problems() (a failed call's reasons)."""
     return _native.log_recent_errors().decode("utf-8", "replace")
-
-
-def clear_log_problems():
-    _native.log_clear()
 
 
 # Objects made before os.fork() are unusable in the child: ggml's worker threads, the
@@ -156,28 +153,12 @@ def cpu_extra_buffer_types():
     return names
 
 
-def max_devices():
-    return llama_max_devices()
-
-
-def supports_gpu_offload():
-    return llama_supports_gpu_offload()
-
-
 # ---------------------------------------------------------------------------------------
 # devices
 # ---------------------------------------------------------------------------------------
 def registries():
     """Names of the ggml backend registries compiled into this extension."""
     return [_s(ggml_backend_reg_name(ggml_backend_reg_get(i))) for i in range(ggml_backend_reg_count())]
-
-
-def registry_device_count(str name):
-    cdef bytes b = name.encode()
-    cdef ggml_backend_reg_t reg = ggml_backend_reg_by_name(b)
-    if reg == NULL:
-        return None
-    return ggml_backend_reg_dev_count(reg)
 
 
 # ggml RPC endpoints ("host:port") this process lost; their devices are never asked anything
@@ -390,7 +371,7 @@ def estimate_memory(str path, ModelParams mparams, ContextParams cparams):
         _native.abort_scope_leave()
     if not ok:
         raise ModelLoadError(f"could not estimate memory for {path}: {err.decode('utf-8', 'replace')}",
-                             log=recent_log_problems())
+                             log=_recent_log_problems())
     return {"devices": _memory_rows(rows), "n_layer": n_layer, "n_ctx_train": n_ctx_train}
 
 
@@ -437,7 +418,7 @@ def fit_params(str path, ModelParams mparams, ContextParams cparams, margins, in
     mparams.c.tensor_split = mparams._split
     if status == 2:
         raise ModelLoadError(f"memory fitting failed for {path}: {err.decode('utf-8', 'replace')}",
-                             log=recent_log_problems())
+                             log=_recent_log_problems())
     return "success" if status == 0 else "failure"
 
 
@@ -554,7 +535,7 @@ cdef class Model:
                 self._free()
             raise error
         if self.ptr == NULL:
-            problems = recent_log_problems()
+            problems = _recent_log_problems()
             reason = _failure_reason(err)
             raise ModelLoadError(f"llama.cpp could not load {path}" + (f": {reason}" if reason else ""),
                                  log=problems)
@@ -931,7 +912,7 @@ cdef class Context:
             with nogil:
                 self.ptr = _native.context_init_guarded(model.ptr, p, err)
         if self.ptr == NULL:
-            problems = recent_log_problems()
+            problems = _recent_log_problems()
             reason = _failure_reason(err)
             raise ContextError("llama.cpp could not create a context" + (f": {reason}" if reason else ""),
                                log=problems)
@@ -1098,7 +1079,7 @@ cdef class Context:
         if rc == 1:
             raise ContextError("the context is full: no KV-cache slot for the batch "
                                "(use a larger n_ctx or a shorter prompt)")
-        problems = recent_log_problems()
+        problems = _recent_log_problems()
         raise DecodeError(f"llama_decode failed with code {rc}" +
                           (f": {problems.splitlines()[-1]}" if problems else ""))
 
@@ -1257,9 +1238,6 @@ class _Cancelled(Exception):
     """Raised inside the generation loop when cancel() aborted a decode."""
 
 
-Cancelled = _Cancelled
-
-
 # ---------------------------------------------------------------------------------------
 # sampler chain
 # ---------------------------------------------------------------------------------------
@@ -1289,7 +1267,7 @@ cdef class Sampler:
 
     cdef _add(self, llama_sampler * s, str what):
         if s == NULL:
-            problems = recent_log_problems()
+            problems = _recent_log_problems()
             raise GrammarError(f"could not create the {what} sampler" +
                                (f": {problems.splitlines()[-1]}" if problems else ""))
         llama_sampler_chain_add(self.ptr, s)
@@ -1428,11 +1406,6 @@ def rpc_add_server(str endpoint, double timeout=30.0):
         raise RemoteDeviceError(f"RPC server {endpoint}: {len(wanted)} device(s) reported, "
                                 f"{len(names)} registered with ggml")
     return names
-
-
-def rpc_failure_count():
-    """How many ggml-rpc connections died in this process (their threads are parked)."""
-    return _native.remote_failure_count()
 
 
 def rpc_start_server(str endpoint, list device_indices, cache_dir=None, int n_threads=1):

@@ -17,7 +17,6 @@ cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
     void log_install()
     int argmax_f32(float * p, int n, int exclude) noexcept
     void log_set_stderr_level(int min_level)
-    int log_get_stderr_level()
     string log_recent_problems()
     string log_recent_errors()
     void log_clear()
@@ -73,11 +72,9 @@ cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
     cdef cppclass remote_worker:
         pass
     void remote_guard_install()
-    uint64_t remote_failure_count()
     string remote_last_failure()
     remote_worker * remote_worker_new()
     void remote_worker_release(remote_worker * w)
-    cbool remote_worker_stuck(const remote_worker * w)
     int remote_model_load(remote_worker * w, const char * path, llama_model_params params,
                           llama_model ** out, double timeout_s, string & err)
     int remote_context_init(remote_worker * w, llama_model * model, llama_context_params params,

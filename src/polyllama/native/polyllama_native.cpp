@@ -97,7 +97,6 @@ void log_set_stderr_level(int min_level) {
     g_stderr_level.store(min_level);
     common_log_follow(min_level);
 }
-int  log_get_stderr_level() { return g_stderr_level.load(); }
 
 std::string log_recent_problems() {
     std::lock_guard<std::mutex> lock(g_log_mutex);
@@ -332,8 +331,6 @@ void remote_guard_install() {
     std::call_once(once, [] { ggml_set_abort_callback(on_ggml_abort); });
 }
 
-uint64_t remote_failure_count() { return g_failures.load(); }
-
 std::string remote_last_failure() {
     std::lock_guard<std::mutex> lock(g_failure_mutex);
     return g_last_failure;
@@ -438,8 +435,6 @@ void remote_worker_release(remote_worker * w) {
     }
     delete w;   // a stuck thread keeps the shared state alive on its own
 }
-
-bool remote_worker_stuck(const remote_worker * w) { return w != nullptr && w->stuck; }
 
 int remote_model_load(remote_worker * w, const char * path, llama_model_params params,
                       llama_model ** out, double timeout_s, std::string & err) {

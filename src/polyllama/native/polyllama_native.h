@@ -16,7 +16,6 @@ namespace polyllama {
 // (so a failed load can say why) and echoes lines at or above a threshold to stderr.
 void        log_install();
 void        log_set_stderr_level(int min_level);  // ggml_log_level; >= 5 prints nothing
-int         log_get_stderr_level();
 std::string log_recent_problems();                // warnings and errors since log_clear()
 std::string log_recent_errors();                  // the errors alone (a failure's reason)
 void        log_clear();
@@ -118,11 +117,9 @@ enum remote_status { REMOTE_OK = 0, REMOTE_ERROR = 1, REMOTE_LOST = 2, REMOTE_TI
 struct remote_worker;
 
 void          remote_guard_install();                // idempotent
-uint64_t      remote_failure_count();                // dispatcher threads parked so far
 std::string   remote_last_failure();                 // ggml's message for the last one
 remote_worker * remote_worker_new();
 void          remote_worker_release(remote_worker * w);  // leaks the thread if it is stuck
-bool          remote_worker_stuck(const remote_worker * w);
 
 int remote_model_load(remote_worker * w, const char * path, llama_model_params params,
                       llama_model ** out, double timeout_s, std::string & err);
