@@ -423,7 +423,7 @@ def fit_params(str path, ModelParams mparams, ContextParams cparams, margins, in
 
 
 # ---------------------------------------------------------------------------------------
-# ggml RPC guard: turning a lost server into RemoteDeviceError (polyllama_native.h says how)
+# ggml RPC guard: turning a lost server into RemoteDeviceError (native/remote.h says how)
 # ---------------------------------------------------------------------------------------
 def _rpc_endpoints(device_indices):
     """The endpoints of the RPC devices among ggml device indices."""
@@ -921,7 +921,7 @@ cdef class Context:
         self.batch = llama_batch_init(self.batch_cap, 0, self.n_seq_batch)
         if self.worker == NULL:
             # llama.cpp's tools attach persistent CPU threads; without them ggml-cpu starts
-            # and joins threads on every decode (native/polyllama_native.h)
+            # and joins threads on every decode (native/threadpools.h)
             self.pools = _native.threadpools_attach(self.ptr, llama_n_threads(self.ptr),
                                                     llama_n_threads_batch(self.ptr), err)
 
@@ -1376,7 +1376,7 @@ def rpc_add_server(str endpoint, double timeout=30.0):
     """Connect to an rpc-server and register its devices with ggml; return their ggml names.
 
     ggml-rpc aborts the process when it cannot connect; here the connection is made on a
-    guarded worker (polyllama_native.h), so a failure raises RemoteDeviceError. The caller
+    guarded worker (native/remote.h), so a failure raises RemoteDeviceError. The caller
     should still probe the endpoint first (polyllama.rpc.probe): it has a connect timeout,
     ggml does not. Adding an endpoint again returns the same devices: ggml-rpc keeps one
     registry per endpoint, and it is registered with ggml only once.

@@ -1,5 +1,6 @@
-# Declarations of polyllama's own C++ layer (native/polyllama_native.h): the parts of
-# llama.cpp that are C++ only (libcommon's memory fitting, chat templates, grammars).
+# Declarations of polyllama's own C++ layer (native/*.h): the parts of llama.cpp that are
+# C++ only (libcommon's memory fitting, chat templates, grammars, threadpools), and the
+# guards that keep its aborts, exceptions and lost RPC servers out of Python.
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
@@ -13,21 +14,27 @@ from polyllama.includes.llama cimport (llama_batch, llama_context, llama_context
                                        llama_token, llama_vocab)
 
 
-cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
+cdef extern from "logging.h" namespace "polyllama" nogil:
     void log_install()
-    int argmax_f32(float * p, int n, int exclude) noexcept
     void log_set_stderr_level(int min_level)
     string log_recent_problems()
     string log_recent_errors()
     void log_clear()
 
-    cbool device_supports_tensor_bytes(size_t dev_index, uint64_t nbytes) noexcept
+
+cdef extern from "greedy.h" namespace "polyllama" nogil:
+    int argmax_f32(float * p, int n, int exclude) noexcept
+
+
+cdef extern from "threadpools.h" namespace "polyllama" nogil:
     cdef cppclass threadpools:
         pass
     threadpools * threadpools_attach(llama_context * ctx, int n_threads, int n_threads_batch,
                                      string & err) noexcept
     void threadpools_free(threadpools * tp) noexcept
 
+
+cdef extern from "device_memory.h" namespace "polyllama" nogil:
     cdef cppclass device_memory:
         string device
         int64_t total
@@ -46,7 +53,10 @@ cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
                    llama_model_tensor_buft_override * overrides, size_t * margins,
                    uint32_t n_ctx_min, string & err)
     size_t max_tensor_buft_overrides()
+    cbool device_supports_tensor_bytes(size_t dev_index, uint64_t nbytes) noexcept
 
+
+cdef extern from "chat_reply.h" namespace "polyllama" nogil:
     cdef cppclass chat_result:
         string prompt
         string grammar
@@ -61,9 +71,10 @@ cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
     cbool chat_parse_reply(int format, const string & generation_prompt, const string & parser,
                            const string & text, cbool partial,
                            string & message_json, string & err)
-    cbool json_schema_to_gbnf(const string & schema_json, string & grammar, string & err)
 
-    # ggml RPC guard (see polyllama_native.h)
+
+# ggml RPC guard (native/remote.h)
+cdef extern from "remote.h" namespace "polyllama" nogil:
     cdef enum remote_status:
         REMOTE_OK
         REMOTE_ERROR
@@ -72,7 +83,6 @@ cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
     cdef cppclass remote_worker:
         pass
     void remote_guard_install()
-    string remote_last_failure()
     remote_worker * remote_worker_new()
     void remote_worker_release(remote_worker * w)
     int remote_model_load(remote_worker * w, const char * path, llama_model_params params,

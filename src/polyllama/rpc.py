@@ -9,7 +9,7 @@ keep that from hanging or killing the Python process:
   * `probe()` performs the same HELLO handshake from Python, with a timeout, before the
     endpoint is handed to ggml (unreachable server, wrong protocol version);
   * every native call that can reach a server runs under the RPC guard
-    (native/polyllama_native.h): a server lost mid-call raises RemoteDeviceError. The
+    (native/remote.h): a server lost mid-call raises RemoteDeviceError. The
     connection to that endpoint is then lost for the rest of the process (ggml-rpc keeps
     one connection per endpoint and never reconnects), and the model that used it leaks.
 """
