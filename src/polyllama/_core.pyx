@@ -399,15 +399,9 @@ def fit_params(str path, ModelParams mparams, ContextParams cparams, margins, in
     _native.log_clear()
     try:
         with nogil:
-            if timeout > 0:
-                rs = _native.remote_fit_params(cpath, &mparams.c, &cparams.c, mparams._split,
-                                               mparams._overrides, cmargins, n_ctx_min, &status,
-                                               timeout, err)
-            else:
-                _native.abort_scope_enter()
-                status = _native.fit_params(cpath, &mparams.c, &cparams.c, mparams._split,
-                                            mparams._overrides, cmargins, n_ctx_min, err)
-                _native.abort_scope_leave()
+            rs = _native.fit_params_via(cpath, &mparams.c, &cparams.c, mparams._split,
+                                        mparams._overrides, cmargins, n_ctx_min, &status,
+                                        timeout, err)
     finally:
         if rs == _native.REMOTE_OK or rs == _native.REMOTE_ERROR:
             free(cmargins)
@@ -518,17 +512,13 @@ cdef class Model:
         _native.log_clear()
         if self.remote_timeout > 0:
             self.worker = _native.remote_worker_new()
-            with nogil:
-                status = _native.remote_model_load(self.worker, cpath, p, &loaded,
-                                                   self.remote_timeout, err)
-            if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
-                self.lost = True
-                Py_INCREF(self)  # the blocked load holds pointers into this object
-            _raise_remote(status, err, "loading the model", params.devices)
-            self.ptr = loaded
-        else:
-            with nogil:
-                self.ptr = _native.model_load_guarded(cpath, p, err)
+        with nogil:
+            status = _native.model_load_via(self.worker, cpath, p, &loaded, self.remote_timeout, err)
+        if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
+            self.lost = True
+            Py_INCREF(self)  # the blocked load holds pointers into this object
+        _raise_remote(status, err, "loading the model", params.devices)
+        self.ptr = loaded
         if self._progress_error is not None:
             error, self._progress_error = self._progress_error, None
             if self.ptr != NULL:
@@ -560,19 +550,15 @@ cdef class Model:
             self.worker = NULL
             return
         if self.ptr != NULL and not self.lost:
-            if self.worker != NULL:
-                with nogil:
-                    status = _native.remote_model_free(self.worker, self.ptr, self.remote_timeout, err)
-                if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
-                    self.lost = True
-            else:
-                llama_model_free(self.ptr)
+            with nogil:
+                status = _native.model_free_via(self.worker, self.ptr, self.remote_timeout, err)
+            if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
+                self.lost = True
         # a lost model is leaked on purpose: a thread blocked on its server still uses it
         self.ptr = NULL
         self.vocab = NULL
-        if self.worker != NULL:
-            _native.remote_worker_release(self.worker)
-            self.worker = NULL
+        _native.remote_worker_release(self.worker)
+        self.worker = NULL
 
     cdef int _check(self) except -1:
         if self.lost:
@@ -903,14 +889,11 @@ cdef class Context:
         self.remote_timeout = model.remote_timeout
         if self.remote_timeout > 0:
             self.worker = _native.remote_worker_new()
-            with nogil:
-                status = _native.remote_context_init(self.worker, model.ptr, p, &created,
-                                                     self.remote_timeout, err)
-            self._after_remote(status, err, "creating the context")
-            self.ptr = created
-        else:
-            with nogil:
-                self.ptr = _native.context_init_guarded(model.ptr, p, err)
+        with nogil:
+            status = _native.context_init_via(self.worker, model.ptr, p, &created,
+                                              self.remote_timeout, err)
+        self._after_remote(status, err, "creating the context")
+        self.ptr = created
         if self.ptr == NULL:
             problems = _recent_log_problems()
             reason = _failure_reason(err)
@@ -941,9 +924,9 @@ cdef class Context:
             # leaked on purpose, batch included: a thread blocked on a lost server uses them
             self.ptr = NULL
             self.batch_cap = 0
-        if self.ptr != NULL and self.worker != NULL:
+        if self.ptr != NULL:
             with nogil:
-                status = _native.remote_context_free(self.worker, self.ptr, self.remote_timeout, err)
+                status = _native.context_free_via(self.worker, self.ptr, self.remote_timeout, err)
             if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
                 self.lost = True
                 self.model.lost = True
@@ -952,15 +935,11 @@ cdef class Context:
         if self.batch_cap:
             llama_batch_free(self.batch)
             self.batch_cap = 0
-        if self.ptr != NULL:
-            llama_free(self.ptr)
-            self.ptr = NULL
-        if self.pools != NULL and self.ptr == NULL and not self.lost:
+        if self.pools != NULL and not self.lost:
             _native.threadpools_free(self.pools)
             self.pools = NULL
-        if self.worker != NULL:
-            _native.remote_worker_release(self.worker)
-            self.worker = NULL
+        _native.remote_worker_release(self.worker)
+        self.worker = NULL
 
     cdef int _after_remote(self, int status, string & err, str what) except -1:
         if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
@@ -1031,13 +1010,9 @@ cdef class Context:
         cdef vector[_native.device_memory] rows
         cdef string err
         cdef int status
-        if self.worker != NULL:
-            with nogil:
-                status = _native.remote_context_memory(self.worker, self.ptr, rows,
-                                                       self.remote_timeout, err)
-            self._after_remote(status, err, "querying device memory")
-        else:
-            rows = _native.context_device_memory(self.ptr)
+        with nogil:
+            status = _native.context_memory_via(self.worker, self.ptr, rows, self.remote_timeout, err)
+        self._after_remote(status, err, "querying device memory")
         return _memory_rows(rows)
 
     def clear(self):
@@ -1046,12 +1021,9 @@ cdef class Context:
         self._check()
         cdef string err
         cdef int status
-        if self.worker != NULL:
-            with nogil:
-                status = _native.remote_memory_clear(self.worker, self.ptr, self.remote_timeout, err)
-            self._after_remote(status, err, "clearing the KV cache")
-        else:
-            llama_memory_clear(llama_get_memory(self.ptr), True)
+        with nogil:
+            status = _native.memory_clear_via(self.worker, self.ptr, self.remote_timeout, err)
+        self._after_remote(status, err, "clearing the KV cache")
 
     def seq_rm(self, int seq_id, int p0=-1, int p1=-1):
         self._check(); return llama_memory_seq_rm(llama_get_memory(self.ptr), seq_id, p0, p1)
@@ -1064,14 +1036,9 @@ cdef class Context:
         cdef string err
         cdef int status
         self.batch.n_tokens = n
-        if self.worker != NULL:
-            with nogil:
-                status = _native.remote_decode(self.worker, self.ptr, self.batch, &rc,
-                                               self.remote_timeout, err)
-            self._after_remote(status, err, "decoding")
-        else:
-            with nogil:
-                rc = llama_decode(self.ptr, self.batch)
+        with nogil:
+            status = _native.decode_via(self.worker, self.ptr, self.batch, &rc, self.remote_timeout, err)
+        self._after_remote(status, err, "decoding")
         if rc == 0:
             return 0
         if rc == 2:

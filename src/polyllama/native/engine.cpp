@@ -897,15 +897,11 @@ void engine::sample_all(std::vector<sequence *> & ready) {
 
 int engine::decode(llama_batch & batch, std::string & err) {
     int32_t rc = -1;
-    if (worker_ != nullptr) {
-        const int status = remote_decode(worker_, ctx_, batch, &rc, timeout_s_, err);
-        if (status != REMOTE_OK) {
-            lost_ = status == REMOTE_LOST || status == REMOTE_TIMEOUT;
-            return -1000 - status;
-        }
-        return rc;
+    const int status = decode_via(worker_, ctx_, batch, &rc, timeout_s_, err);
+    if (status != REMOTE_OK) {
+        lost_ = status == REMOTE_LOST || status == REMOTE_TIMEOUT;
+        return -1000 - status;
     }
-    guarded(err, [&] { rc = llama_decode(ctx_, batch); });
     return rc;
 }
 

@@ -176,8 +176,12 @@ void remote_worker_release(remote_worker * w) {
 // Results of jobs on a worker go through shared slots, and the jobs copy what they read
 // from the caller: a job given up on may still run, long after the caller has returned.
 
-int remote_model_load(remote_worker * w, const char * path, llama_model_params params,
-                      llama_model ** out, double timeout_s, std::string & err) {
+int model_load_via(remote_worker * w, const char * path, llama_model_params params,
+                   llama_model ** out, double timeout_s, std::string & err) {
+    if (w == nullptr) {
+        *out = model_load_guarded(path, params, err);
+        return REMOTE_OK;
+    }
     *out = nullptr;
     auto slot = std::make_shared<llama_model *>(nullptr);
     const std::string path_copy = path;
@@ -189,8 +193,12 @@ int remote_model_load(remote_worker * w, const char * path, llama_model_params p
     return status;
 }
 
-int remote_context_init(remote_worker * w, llama_model * model, llama_context_params params,
-                        llama_context ** out, double timeout_s, std::string & err) {
+int context_init_via(remote_worker * w, llama_model * model, llama_context_params params,
+                     llama_context ** out, double timeout_s, std::string & err) {
+    if (w == nullptr) {
+        *out = context_init_guarded(model, params, err);
+        return REMOTE_OK;
+    }
     *out = nullptr;
     auto slot = std::make_shared<llama_context *>(nullptr);
     int status = w->run([=] { *slot = llama_init_from_model(model, params); }, timeout_s, err);
@@ -200,8 +208,13 @@ int remote_context_init(remote_worker * w, llama_model * model, llama_context_pa
     return status;
 }
 
-int remote_decode(remote_worker * w, llama_context * ctx, llama_batch batch, int32_t * rc,
-                  double timeout_s, std::string & err) {
+int decode_via(remote_worker * w, llama_context * ctx, llama_batch batch, int32_t * rc,
+               double timeout_s, std::string & err) {
+    if (w == nullptr) {
+        *rc = -1;
+        guarded(err, [&] { *rc = llama_decode(ctx, batch); });
+        return REMOTE_OK;
+    }
     auto slot = std::make_shared<int32_t>(-1);
     int status = w->run([=] {
         *slot = llama_decode(ctx, batch);
@@ -211,20 +224,36 @@ int remote_decode(remote_worker * w, llama_context * ctx, llama_batch batch, int
     return status;
 }
 
-int remote_memory_clear(remote_worker * w, llama_context * ctx, double timeout_s, std::string & err) {
+int memory_clear_via(remote_worker * w, llama_context * ctx, double timeout_s, std::string & err) {
+    if (w == nullptr) {
+        llama_memory_clear(llama_get_memory(ctx), true);
+        return REMOTE_OK;
+    }
     return w->run([=] { llama_memory_clear(llama_get_memory(ctx), true); }, timeout_s, err);
 }
 
-int remote_context_free(remote_worker * w, llama_context * ctx, double timeout_s, std::string & err) {
+int context_free_via(remote_worker * w, llama_context * ctx, double timeout_s, std::string & err) {
+    if (w == nullptr) {
+        llama_free(ctx);
+        return REMOTE_OK;
+    }
     return w->run([=] { llama_free(ctx); }, timeout_s, err);
 }
 
-int remote_model_free(remote_worker * w, llama_model * model, double timeout_s, std::string & err) {
+int model_free_via(remote_worker * w, llama_model * model, double timeout_s, std::string & err) {
+    if (w == nullptr) {
+        llama_model_free(model);
+        return REMOTE_OK;
+    }
     return w->run([=] { llama_model_free(model); }, timeout_s, err);
 }
 
-int remote_context_memory(remote_worker * w, const llama_context * ctx,
-                          std::vector<device_memory> & out, double timeout_s, std::string & err) {
+int context_memory_via(remote_worker * w, const llama_context * ctx,
+                       std::vector<device_memory> & out, double timeout_s, std::string & err) {
+    if (w == nullptr) {
+        out = context_device_memory(ctx);
+        return REMOTE_OK;
+    }
     auto slot = std::make_shared<std::vector<device_memory>>();
     int status = w->run([=] { *slot = context_device_memory(ctx); }, timeout_s, err);
     if (status == REMOTE_OK) {
@@ -278,10 +307,15 @@ int remote_add_server(void * add_server_fn, const char * endpoint, ggml_backend_
     return status;
 }
 
-int remote_fit_params(const char * path, llama_model_params * mparams, llama_context_params * cparams,
-                      float * tensor_split, llama_model_tensor_buft_override * overrides,
-                      size_t * margins, uint32_t n_ctx_min, int * status, double timeout_s,
-                      std::string & err) {
+int fit_params_via(const char * path, llama_model_params * mparams, llama_context_params * cparams,
+                   float * tensor_split, llama_model_tensor_buft_override * overrides,
+                   size_t * margins, uint32_t n_ctx_min, int * status, double timeout_s,
+                   std::string & err) {
+    if (timeout_s <= 0) {
+        abort_scope scope;
+        *status = fit_params(path, mparams, cparams, tensor_split, overrides, margins, n_ctx_min, err);
+        return REMOTE_OK;
+    }
     auto fit_err = std::make_shared<std::string>();
     auto fit_status = std::make_shared<int>(COMMON_PARAMS_FIT_STATUS_ERROR);
     int rs = run_once([=] {

@@ -37,20 +37,28 @@ void            remote_guard_install();                    // idempotent
 remote_worker * remote_worker_new();
 void            remote_worker_release(remote_worker * w);  // leaks the thread if it is stuck
 
-// ---- calls on a model or context with remote devices, on its worker ----------------------
-int remote_model_load(remote_worker * w, const char * path, llama_model_params params,
-                      llama_model ** out, double timeout_s, std::string & err);
-int remote_context_init(remote_worker * w, llama_model * model, llama_context_params params,
-                        llama_context ** out, double timeout_s, std::string & err);
-// also waits for the backends (llama_synchronize): otherwise the socket I/O that can fail
-// would happen in llama_get_logits*, outside the guard
-int remote_decode(remote_worker * w, llama_context * ctx, llama_batch batch, int32_t * rc,
-                  double timeout_s, std::string & err);
-int remote_memory_clear(remote_worker * w, llama_context * ctx, double timeout_s, std::string & err);
-int remote_context_free(remote_worker * w, llama_context * ctx, double timeout_s, std::string & err);
-int remote_model_free(remote_worker * w, llama_model * model, double timeout_s, std::string & err);
-int remote_context_memory(remote_worker * w, const llama_context * ctx,
-                          std::vector<device_memory> & out, double timeout_s, std::string & err);
+// ---- one call per operation on a model or context, "via" its worker ----------------------
+// A model with remote devices has a worker (and so has each of its contexts): the call runs
+// on that thread under the guard. A model without one passes w == NULL and the call runs
+// here, as it would without the guard: nothing then blocks on a server, and no thread
+// switch is paid per token. Either way the status is a remote_status, REMOTE_OK for a
+// call that ran here.
+// load and context creation run inside an abort scope when they run here (hardening.h);
+// NULL in *out with REMOTE_OK is llama.cpp's own failure (its log says why).
+int model_load_via(remote_worker * w, const char * path, llama_model_params params,
+                   llama_model ** out, double timeout_s, std::string & err);
+int context_init_via(remote_worker * w, llama_model * model, llama_context_params params,
+                     llama_context ** out, double timeout_s, std::string & err);
+// *rc: llama_decode's result (-1 with err when it threw). On the worker the call also waits
+// for the backends (llama_synchronize): otherwise the socket I/O that can fail would happen
+// in llama_get_logits*, outside the guard.
+int decode_via(remote_worker * w, llama_context * ctx, llama_batch batch, int32_t * rc,
+               double timeout_s, std::string & err);
+int memory_clear_via(remote_worker * w, llama_context * ctx, double timeout_s, std::string & err);
+int context_free_via(remote_worker * w, llama_context * ctx, double timeout_s, std::string & err);
+int model_free_via(remote_worker * w, llama_model * model, double timeout_s, std::string & err);
+int context_memory_via(remote_worker * w, const llama_context * ctx,
+                       std::vector<device_memory> & out, double timeout_s, std::string & err);
 
 // ---- calls made before a model exists: on a worker of their own --------------------------
 int remote_device_memory(ggml_backend_dev_t dev, size_t * free, size_t * total, double timeout_s,
@@ -59,12 +67,13 @@ int remote_device_memory(ggml_backend_dev_t dev, size_t * free, size_t * total, 
 // Registers the server's registry (and so its devices) with ggml once per endpoint.
 int remote_add_server(void * add_server_fn, const char * endpoint, ggml_backend_reg_t * out,
                       double timeout_s, std::string & err);
-// fit_params (device_memory.h) on a worker of its own. *status: fit_params' result. On
-// REMOTE_LOST/TIMEOUT the job may still write the caller's buffers later: the caller must
-// leak them.
-int remote_fit_params(const char * path, llama_model_params * mparams, llama_context_params * cparams,
-                      float * tensor_split, llama_model_tensor_buft_override * overrides,
-                      size_t * margins, uint32_t n_ctx_min, int * status, double timeout_s,
-                      std::string & err);
+// fit_params (device_memory.h) on a worker of its own when timeout_s > 0 (the device list
+// holds remote devices), else here inside an abort scope. *status: fit_params' result.
+// On REMOTE_LOST/TIMEOUT the job may still write the caller's buffers later: the caller
+// must leak them.
+int fit_params_via(const char * path, llama_model_params * mparams, llama_context_params * cparams,
+                   float * tensor_split, llama_model_tensor_buft_override * overrides,
+                   size_t * margins, uint32_t n_ctx_min, int * status, double timeout_s,
+                   std::string & err);
 
 }  // namespace polyllama
