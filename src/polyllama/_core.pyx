@@ -23,6 +23,8 @@ from libcpp.vector cimport vector
 from polyllama.includes.ggml cimport *
 from polyllama.includes.ggml_backend cimport *
 from polyllama.includes.llama cimport *
+from polyllama.includes.ggml_rpc cimport (RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION,
+                                          ggml_backend_rpc_start_server_t)
 from polyllama cimport _native
 
 import array
@@ -1325,9 +1327,11 @@ cdef class Sampler:
 # ggml RPC (issue #8). Both entry points are looked up through the RPC registry's
 # get_proc_address rather than linked directly, so this module still links (and these
 # functions raise cleanly) when the build has no GGML_RPC.
-ctypedef void (*_rpc_start_server_t)(const char * endpoint, const char * cache_dir,
-                                     size_t n_threads, size_t n_devices,
-                                     ggml_backend_dev_t * devices) noexcept nogil
+
+# the protocol version this build's ggml-rpc speaks: polyllama.rpc.probe checks a server's
+# HELLO against it before ggml would abort on a mismatch
+RPC_PROTO_MAJOR = RPC_PROTO_MAJOR_VERSION
+RPC_PROTO_MINOR = RPC_PROTO_MINOR_VERSION
 
 cdef void * _rpc_proc(const char * name) except NULL:
     cdef ggml_backend_reg_t reg = ggml_backend_reg_by_name(b"RPC")
@@ -1377,7 +1381,8 @@ def rpc_add_server(str endpoint, double timeout=30.0):
 
 def rpc_start_server(str endpoint, list device_indices, cache_dir=None, int n_threads=1):
     """Serve the given local devices over ggml RPC. Blocks for the life of the server."""
-    cdef _rpc_start_server_t fn = <_rpc_start_server_t> _rpc_proc(b"ggml_backend_rpc_start_server")
+    cdef ggml_backend_rpc_start_server_t fn = <ggml_backend_rpc_start_server_t> _rpc_proc(
+        b"ggml_backend_rpc_start_server")
     cdef size_t n = len(device_indices)
     if n == 0:
         raise PolyllamaError("rpc_start_server needs at least one device")
