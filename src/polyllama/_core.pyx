@@ -23,6 +23,8 @@ from libcpp.vector cimport vector
 from polyllama.includes.ggml cimport *
 from polyllama.includes.ggml_backend cimport *
 from polyllama.includes.llama cimport *
+from polyllama.includes.ggml_rpc cimport (RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION,
+                                          ggml_backend_rpc_start_server_t)
 from polyllama cimport _native
 
 import array
@@ -71,8 +73,9 @@ def set_log_level(str level):
     _native.log_set_stderr_level(LOG_LEVELS[level])
 
 
-def recent_log_problems():
-    """Warnings and errors llama.cpp logged since the last clear_log_problems()."""
+cdef str _recent_log_problems():
+    """Warnings and errors llama.cpp logged since the last call into it that clears them
+    (a load, a context, a grammar: each starts with _native.log_clear())."""
     return _native.log_recent_problems().decode("utf-8", "replace")
 
 
@@ -93,17 +96,13 @@ def _failure_reason(string & err):
         return clean_log_line(errors[-1])
     if err.size():
         return clean_log_line(err.decode("utf-8", "replace"))
-    problems = recent_log_problems().splitlines()
+    problems = _recent_log_problems().splitlines()
     return clean_log_line(problems[-1]) if problems else ""
 
 
 def recent_log_errors():
-    """The error lines among recent_log_problems() (a failed call's reasons)."""
+    """The error lines among _recent_log_problems() (a failed call's reasons)."""
     return _native.log_recent_errors().decode("utf-8", "replace")
-
-
-def clear_log_problems():
-    _native.log_clear()
 
 
 # Objects made before os.fork() are unusable in the child: ggml's worker threads, the
@@ -156,28 +155,12 @@ def cpu_extra_buffer_types():
     return names
 
 
-def max_devices():
-    return llama_max_devices()
-
-
-def supports_gpu_offload():
-    return llama_supports_gpu_offload()
-
-
 # ---------------------------------------------------------------------------------------
 # devices
 # ---------------------------------------------------------------------------------------
 def registries():
     """Names of the ggml backend registries compiled into this extension."""
     return [_s(ggml_backend_reg_name(ggml_backend_reg_get(i))) for i in range(ggml_backend_reg_count())]
-
-
-def registry_device_count(str name):
-    cdef bytes b = name.encode()
-    cdef ggml_backend_reg_t reg = ggml_backend_reg_by_name(b)
-    if reg == NULL:
-        return None
-    return ggml_backend_reg_dev_count(reg)
 
 
 # ggml RPC endpoints ("host:port") this process lost; their devices are never asked anything
@@ -390,7 +373,7 @@ def estimate_memory(str path, ModelParams mparams, ContextParams cparams):
         _native.abort_scope_leave()
     if not ok:
         raise ModelLoadError(f"could not estimate memory for {path}: {err.decode('utf-8', 'replace')}",
-                             log=recent_log_problems())
+                             log=_recent_log_problems())
     return {"devices": _memory_rows(rows), "n_layer": n_layer, "n_ctx_train": n_ctx_train}
 
 
@@ -418,15 +401,9 @@ def fit_params(str path, ModelParams mparams, ContextParams cparams, margins, in
     _native.log_clear()
     try:
         with nogil:
-            if timeout > 0:
-                rs = _native.remote_fit_params(cpath, &mparams.c, &cparams.c, mparams._split,
-                                               mparams._overrides, cmargins, n_ctx_min, &status,
-                                               timeout, err)
-            else:
-                _native.abort_scope_enter()
-                status = _native.fit_params(cpath, &mparams.c, &cparams.c, mparams._split,
-                                            mparams._overrides, cmargins, n_ctx_min, err)
-                _native.abort_scope_leave()
+            rs = _native.fit_params_via(cpath, &mparams.c, &cparams.c, mparams._split,
+                                        mparams._overrides, cmargins, n_ctx_min, &status,
+                                        timeout, err)
     finally:
         if rs == _native.REMOTE_OK or rs == _native.REMOTE_ERROR:
             free(cmargins)
@@ -437,12 +414,12 @@ def fit_params(str path, ModelParams mparams, ContextParams cparams, margins, in
     mparams.c.tensor_split = mparams._split
     if status == 2:
         raise ModelLoadError(f"memory fitting failed for {path}: {err.decode('utf-8', 'replace')}",
-                             log=recent_log_problems())
+                             log=_recent_log_problems())
     return "success" if status == 0 else "failure"
 
 
 # ---------------------------------------------------------------------------------------
-# ggml RPC guard: turning a lost server into RemoteDeviceError (polyllama_native.h says how)
+# ggml RPC guard: turning a lost server into RemoteDeviceError (native/remote.h says how)
 # ---------------------------------------------------------------------------------------
 def _rpc_endpoints(device_indices):
     """The endpoints of the RPC devices among ggml device indices."""
@@ -537,24 +514,20 @@ cdef class Model:
         _native.log_clear()
         if self.remote_timeout > 0:
             self.worker = _native.remote_worker_new()
-            with nogil:
-                status = _native.remote_model_load(self.worker, cpath, p, &loaded,
-                                                   self.remote_timeout, err)
-            if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
-                self.lost = True
-                Py_INCREF(self)  # the blocked load holds pointers into this object
-            _raise_remote(status, err, "loading the model", params.devices)
-            self.ptr = loaded
-        else:
-            with nogil:
-                self.ptr = _native.model_load_guarded(cpath, p, err)
+        with nogil:
+            status = _native.model_load_via(self.worker, cpath, p, &loaded, self.remote_timeout, err)
+        if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
+            self.lost = True
+            Py_INCREF(self)  # the blocked load holds pointers into this object
+        _raise_remote(status, err, "loading the model", params.devices)
+        self.ptr = loaded
         if self._progress_error is not None:
             error, self._progress_error = self._progress_error, None
             if self.ptr != NULL:
                 self._free()
             raise error
         if self.ptr == NULL:
-            problems = recent_log_problems()
+            problems = _recent_log_problems()
             reason = _failure_reason(err)
             raise ModelLoadError(f"llama.cpp could not load {path}" + (f": {reason}" if reason else ""),
                                  log=problems)
@@ -579,19 +552,15 @@ cdef class Model:
             self.worker = NULL
             return
         if self.ptr != NULL and not self.lost:
-            if self.worker != NULL:
-                with nogil:
-                    status = _native.remote_model_free(self.worker, self.ptr, self.remote_timeout, err)
-                if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
-                    self.lost = True
-            else:
-                llama_model_free(self.ptr)
+            with nogil:
+                status = _native.model_free_via(self.worker, self.ptr, self.remote_timeout, err)
+            if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
+                self.lost = True
         # a lost model is leaked on purpose: a thread blocked on its server still uses it
         self.ptr = NULL
         self.vocab = NULL
-        if self.worker != NULL:
-            _native.remote_worker_release(self.worker)
-            self.worker = NULL
+        _native.remote_worker_release(self.worker)
+        self.worker = NULL
 
     cdef int _check(self) except -1:
         if self.lost:
@@ -922,16 +891,13 @@ cdef class Context:
         self.remote_timeout = model.remote_timeout
         if self.remote_timeout > 0:
             self.worker = _native.remote_worker_new()
-            with nogil:
-                status = _native.remote_context_init(self.worker, model.ptr, p, &created,
-                                                     self.remote_timeout, err)
-            self._after_remote(status, err, "creating the context")
-            self.ptr = created
-        else:
-            with nogil:
-                self.ptr = _native.context_init_guarded(model.ptr, p, err)
+        with nogil:
+            status = _native.context_init_via(self.worker, model.ptr, p, &created,
+                                              self.remote_timeout, err)
+        self._after_remote(status, err, "creating the context")
+        self.ptr = created
         if self.ptr == NULL:
-            problems = recent_log_problems()
+            problems = _recent_log_problems()
             reason = _failure_reason(err)
             raise ContextError("llama.cpp could not create a context" + (f": {reason}" if reason else ""),
                                log=problems)
@@ -940,7 +906,7 @@ cdef class Context:
         self.batch = llama_batch_init(self.batch_cap, 0, self.n_seq_batch)
         if self.worker == NULL:
             # llama.cpp's tools attach persistent CPU threads; without them ggml-cpu starts
-            # and joins threads on every decode (native/polyllama_native.h)
+            # and joins threads on every decode (native/threadpools.h)
             self.pools = _native.threadpools_attach(self.ptr, llama_n_threads(self.ptr),
                                                     llama_n_threads_batch(self.ptr), err)
 
@@ -960,9 +926,9 @@ cdef class Context:
             # leaked on purpose, batch included: a thread blocked on a lost server uses them
             self.ptr = NULL
             self.batch_cap = 0
-        if self.ptr != NULL and self.worker != NULL:
+        if self.ptr != NULL:
             with nogil:
-                status = _native.remote_context_free(self.worker, self.ptr, self.remote_timeout, err)
+                status = _native.context_free_via(self.worker, self.ptr, self.remote_timeout, err)
             if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
                 self.lost = True
                 self.model.lost = True
@@ -971,15 +937,11 @@ cdef class Context:
         if self.batch_cap:
             llama_batch_free(self.batch)
             self.batch_cap = 0
-        if self.ptr != NULL:
-            llama_free(self.ptr)
-            self.ptr = NULL
-        if self.pools != NULL and self.ptr == NULL and not self.lost:
+        if self.pools != NULL and not self.lost:
             _native.threadpools_free(self.pools)
             self.pools = NULL
-        if self.worker != NULL:
-            _native.remote_worker_release(self.worker)
-            self.worker = NULL
+        _native.remote_worker_release(self.worker)
+        self.worker = NULL
 
     cdef int _after_remote(self, int status, string & err, str what) except -1:
         if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
@@ -1050,13 +1012,9 @@ cdef class Context:
         cdef vector[_native.device_memory] rows
         cdef string err
         cdef int status
-        if self.worker != NULL:
-            with nogil:
-                status = _native.remote_context_memory(self.worker, self.ptr, rows,
-                                                       self.remote_timeout, err)
-            self._after_remote(status, err, "querying device memory")
-        else:
-            rows = _native.context_device_memory(self.ptr)
+        with nogil:
+            status = _native.context_memory_via(self.worker, self.ptr, rows, self.remote_timeout, err)
+        self._after_remote(status, err, "querying device memory")
         return _memory_rows(rows)
 
     def clear(self):
@@ -1065,12 +1023,9 @@ cdef class Context:
         self._check()
         cdef string err
         cdef int status
-        if self.worker != NULL:
-            with nogil:
-                status = _native.remote_memory_clear(self.worker, self.ptr, self.remote_timeout, err)
-            self._after_remote(status, err, "clearing the KV cache")
-        else:
-            llama_memory_clear(llama_get_memory(self.ptr), True)
+        with nogil:
+            status = _native.memory_clear_via(self.worker, self.ptr, self.remote_timeout, err)
+        self._after_remote(status, err, "clearing the KV cache")
 
     def seq_rm(self, int seq_id, int p0=-1, int p1=-1):
         self._check(); return llama_memory_seq_rm(llama_get_memory(self.ptr), seq_id, p0, p1)
@@ -1083,14 +1038,9 @@ cdef class Context:
         cdef string err
         cdef int status
         self.batch.n_tokens = n
-        if self.worker != NULL:
-            with nogil:
-                status = _native.remote_decode(self.worker, self.ptr, self.batch, &rc,
-                                               self.remote_timeout, err)
-            self._after_remote(status, err, "decoding")
-        else:
-            with nogil:
-                rc = llama_decode(self.ptr, self.batch)
+        with nogil:
+            status = _native.decode_via(self.worker, self.ptr, self.batch, &rc, self.remote_timeout, err)
+        self._after_remote(status, err, "decoding")
         if rc == 0:
             return 0
         if rc == 2:
@@ -1098,7 +1048,7 @@ cdef class Context:
         if rc == 1:
             raise ContextError("the context is full: no KV-cache slot for the batch "
                                "(use a larger n_ctx or a shorter prompt)")
-        problems = recent_log_problems()
+        problems = _recent_log_problems()
         raise DecodeError(f"llama_decode failed with code {rc}" +
                           (f": {problems.splitlines()[-1]}" if problems else ""))
 
@@ -1257,9 +1207,6 @@ class _Cancelled(Exception):
     """Raised inside the generation loop when cancel() aborted a decode."""
 
 
-Cancelled = _Cancelled
-
-
 # ---------------------------------------------------------------------------------------
 # sampler chain
 # ---------------------------------------------------------------------------------------
@@ -1289,7 +1236,7 @@ cdef class Sampler:
 
     cdef _add(self, llama_sampler * s, str what):
         if s == NULL:
-            problems = recent_log_problems()
+            problems = _recent_log_problems()
             raise GrammarError(f"could not create the {what} sampler" +
                                (f": {problems.splitlines()[-1]}" if problems else ""))
         llama_sampler_chain_add(self.ptr, s)
@@ -1380,9 +1327,11 @@ cdef class Sampler:
 # ggml RPC (issue #8). Both entry points are looked up through the RPC registry's
 # get_proc_address rather than linked directly, so this module still links (and these
 # functions raise cleanly) when the build has no GGML_RPC.
-ctypedef void (*_rpc_start_server_t)(const char * endpoint, const char * cache_dir,
-                                     size_t n_threads, size_t n_devices,
-                                     ggml_backend_dev_t * devices) noexcept nogil
+
+# the protocol version this build's ggml-rpc speaks: polyllama.rpc.probe checks a server's
+# HELLO against it before ggml would abort on a mismatch
+RPC_PROTO_MAJOR = RPC_PROTO_MAJOR_VERSION
+RPC_PROTO_MINOR = RPC_PROTO_MINOR_VERSION
 
 cdef void * _rpc_proc(const char * name) except NULL:
     cdef ggml_backend_reg_t reg = ggml_backend_reg_by_name(b"RPC")
@@ -1398,7 +1347,7 @@ def rpc_add_server(str endpoint, double timeout=30.0):
     """Connect to an rpc-server and register its devices with ggml; return their ggml names.
 
     ggml-rpc aborts the process when it cannot connect; here the connection is made on a
-    guarded worker (polyllama_native.h), so a failure raises RemoteDeviceError. The caller
+    guarded worker (native/remote.h), so a failure raises RemoteDeviceError. The caller
     should still probe the endpoint first (polyllama.rpc.probe): it has a connect timeout,
     ggml does not. Adding an endpoint again returns the same devices: ggml-rpc keeps one
     registry per endpoint, and it is registered with ggml only once.
@@ -1430,14 +1379,10 @@ def rpc_add_server(str endpoint, double timeout=30.0):
     return names
 
 
-def rpc_failure_count():
-    """How many ggml-rpc connections died in this process (their threads are parked)."""
-    return _native.remote_failure_count()
-
-
 def rpc_start_server(str endpoint, list device_indices, cache_dir=None, int n_threads=1):
     """Serve the given local devices over ggml RPC. Blocks for the life of the server."""
-    cdef _rpc_start_server_t fn = <_rpc_start_server_t> _rpc_proc(b"ggml_backend_rpc_start_server")
+    cdef ggml_backend_rpc_start_server_t fn = <ggml_backend_rpc_start_server_t> _rpc_proc(
+        b"ggml_backend_rpc_start_server")
     cdef size_t n = len(device_indices)
     if n == 0:
         raise PolyllamaError("rpc_start_server needs at least one device")

@@ -1,5 +1,6 @@
-# Declarations of polyllama's own C++ layer (native/polyllama_native.h): the parts of
-# llama.cpp that are C++ only (libcommon's memory fitting, chat templates, grammars).
+# Declarations of polyllama's own C++ layer (native/*.h): the parts of llama.cpp that are
+# C++ only (libcommon's memory fitting, chat templates, grammars, threadpools), and the
+# guards that keep its aborts, exceptions and lost RPC servers out of Python.
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
@@ -13,22 +14,27 @@ from polyllama.includes.llama cimport (llama_batch, llama_context, llama_context
                                        llama_token, llama_vocab)
 
 
-cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
+cdef extern from "logging.h" namespace "polyllama" nogil:
     void log_install()
-    int argmax_f32(float * p, int n, int exclude) noexcept
     void log_set_stderr_level(int min_level)
-    int log_get_stderr_level()
     string log_recent_problems()
     string log_recent_errors()
     void log_clear()
 
-    cbool device_supports_tensor_bytes(size_t dev_index, uint64_t nbytes) noexcept
+
+cdef extern from "greedy.h" namespace "polyllama" nogil:
+    int argmax_f32(float * p, int n, int exclude) noexcept
+
+
+cdef extern from "threadpools.h" namespace "polyllama" nogil:
     cdef cppclass threadpools:
         pass
     threadpools * threadpools_attach(llama_context * ctx, int n_threads, int n_threads_batch,
                                      string & err) noexcept
     void threadpools_free(threadpools * tp) noexcept
 
+
+cdef extern from "device_memory.h" namespace "polyllama" nogil:
     cdef cppclass device_memory:
         string device
         int64_t total
@@ -41,13 +47,11 @@ cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
                                  const llama_context_params * cparams,
                                  vector[device_memory] & out, uint32_t & n_layer,
                                  uint32_t & n_ctx_train, string & err)
-    vector[device_memory] context_device_memory(const llama_context * ctx)
-    int fit_params(const char * path, llama_model_params * mparams,
-                   llama_context_params * cparams, float * tensor_split,
-                   llama_model_tensor_buft_override * overrides, size_t * margins,
-                   uint32_t n_ctx_min, string & err)
     size_t max_tensor_buft_overrides()
+    cbool device_supports_tensor_bytes(size_t dev_index, uint64_t nbytes) noexcept
 
+
+cdef extern from "chat_reply.h" namespace "polyllama" nogil:
     cdef cppclass chat_result:
         string prompt
         string grammar
@@ -62,9 +66,11 @@ cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
     cbool chat_parse_reply(int format, const string & generation_prompt, const string & parser,
                            const string & text, cbool partial,
                            string & message_json, string & err)
-    cbool json_schema_to_gbnf(const string & schema_json, string & grammar, string & err)
 
-    # ggml RPC guard (see polyllama_native.h)
+
+# ggml RPC guard (native/remote.h). The *_via calls run on the worker when one is given,
+# else on the calling thread (a model without remote devices passes NULL).
+cdef extern from "remote.h" namespace "polyllama" nogil:
     cdef enum remote_status:
         REMOTE_OK
         REMOTE_ERROR
@@ -73,30 +79,27 @@ cdef extern from "polyllama_native.h" namespace "polyllama" nogil:
     cdef cppclass remote_worker:
         pass
     void remote_guard_install()
-    uint64_t remote_failure_count()
-    string remote_last_failure()
     remote_worker * remote_worker_new()
     void remote_worker_release(remote_worker * w)
-    cbool remote_worker_stuck(const remote_worker * w)
-    int remote_model_load(remote_worker * w, const char * path, llama_model_params params,
-                          llama_model ** out, double timeout_s, string & err)
-    int remote_context_init(remote_worker * w, llama_model * model, llama_context_params params,
-                            llama_context ** out, double timeout_s, string & err)
-    int remote_decode(remote_worker * w, llama_context * ctx, llama_batch batch, int32_t * rc,
-                      double timeout_s, string & err)
-    int remote_memory_clear(remote_worker * w, llama_context * ctx, double timeout_s, string & err)
-    int remote_context_free(remote_worker * w, llama_context * ctx, double timeout_s, string & err)
-    int remote_model_free(remote_worker * w, llama_model * model, double timeout_s, string & err)
-    int remote_context_memory(remote_worker * w, const llama_context * ctx,
-                              vector[device_memory] & out, double timeout_s, string & err)
+    int model_load_via(remote_worker * w, const char * path, llama_model_params params,
+                       llama_model ** out, double timeout_s, string & err)
+    int context_init_via(remote_worker * w, llama_model * model, llama_context_params params,
+                         llama_context ** out, double timeout_s, string & err)
+    int decode_via(remote_worker * w, llama_context * ctx, llama_batch batch, int32_t * rc,
+                   double timeout_s, string & err)
+    int memory_clear_via(remote_worker * w, llama_context * ctx, double timeout_s, string & err)
+    int context_free_via(remote_worker * w, llama_context * ctx, double timeout_s, string & err)
+    int model_free_via(remote_worker * w, llama_model * model, double timeout_s, string & err)
+    int context_memory_via(remote_worker * w, const llama_context * ctx,
+                           vector[device_memory] & out, double timeout_s, string & err)
     int remote_device_memory(ggml_backend_dev_t dev, size_t * free, size_t * total,
                              double timeout_s, string & err)
     int remote_add_server(void * add_server_fn, const char * endpoint, ggml_backend_reg_t * out,
                           double timeout_s, string & err)
-    int remote_fit_params(const char * path, llama_model_params * mparams,
-                          llama_context_params * cparams, float * tensor_split,
-                          llama_model_tensor_buft_override * overrides, size_t * margins,
-                          uint32_t n_ctx_min, int * status, double timeout_s, string & err)
+    int fit_params_via(const char * path, llama_model_params * mparams,
+                       llama_context_params * cparams, float * tensor_split,
+                       llama_model_tensor_buft_override * overrides, size_t * margins,
+                       uint32_t n_ctx_min, int * status, double timeout_s, string & err)
 
 
 # The sequence engine (native/engine.h).
@@ -179,8 +182,6 @@ cdef extern from "hardening.h" namespace "polyllama" nogil:
     void abort_scope_enter()
     void abort_scope_leave()
     void abort_guard_install()
-    llama_model * model_load_guarded(const char * path, llama_model_params params, string & err)
-    llama_context * context_init_guarded(llama_model * model, llama_context_params params, string & err)
     string vocab_problems(const llama_model * model)
 
     cdef enum tokenize_status:

@@ -9,7 +9,7 @@ keep that from hanging or killing the Python process:
   * `probe()` performs the same HELLO handshake from Python, with a timeout, before the
     endpoint is handed to ggml (unreachable server, wrong protocol version);
   * every native call that can reach a server runs under the RPC guard
-    (native/polyllama_native.h): a server lost mid-call raises RemoteDeviceError. The
+    (native/remote.h): a server lost mid-call raises RemoteDeviceError. The
     connection to that endpoint is then lost for the rest of the process (ggml-rpc keeps
     one connection per endpoint and never reconnects), and the model that used it leaks.
 """
@@ -20,6 +20,7 @@ import socket
 import struct
 from typing import List, Tuple
 
+from ._extension import core
 from .errors import PolyllamaError, RemoteDeviceError
 
 __all__ = ["DEFAULT_PORT", "DEFAULT_TIMEOUT", "parse_endpoint", "probe", "add_rpc_server",
@@ -30,10 +31,10 @@ DEFAULT_PORT = 50052
 # counts as lost; LLM(rpc_timeout=) overrides it. A server that dies is noticed at once
 # (its socket closes); this bounds a server that hangs or a network that drops packets.
 DEFAULT_TIMEOUT = 300.0
-# the pinned ggml-rpc.h: RPC_PROTO_MAJOR_VERSION 7, RPC_PROTO_MINOR_VERSION 0. ggml accepts a
-# server with the same major and a minor not above its own.
-PROTO_MAJOR = 7
-PROTO_MINOR = 0
+# RPC_PROTO_MAJOR_VERSION / RPC_PROTO_MINOR_VERSION of the ggml-rpc.h the extension was
+# compiled with. ggml accepts a server with the same major and a minor not above its own.
+PROTO_MAJOR = core.RPC_PROTO_MAJOR
+PROTO_MINOR = core.RPC_PROTO_MINOR
 _CMD_HELLO = 14          # ggml-rpc.cpp static_asserts this value stays 14 across versions
 _CAPS_SIZE = 24          # RPC_CONN_CAPS_SIZE in ggml-rpc/transport.h
 _HELLO_RSP_SIZE = 4 + _CAPS_SIZE
@@ -105,8 +106,7 @@ def probe(endpoint: str, timeout: float = 5.0) -> Tuple[int, int, int]:
 
 def lost_endpoints() -> List[str]:
     """Endpoints whose connection this process lost (they cannot be used again here)."""
-    from . import _extension
-    return sorted(_extension.core.LOST_ENDPOINTS)
+    return sorted(core.LOST_ENDPOINTS)
 
 
 def add_rpc_server(endpoint: str, timeout: float = 5.0) -> List[str]:
@@ -116,8 +116,6 @@ def add_rpc_server(endpoint: str, timeout: float = 5.0) -> List[str]:
     endpoint), and `LLM(..., backend="rpc")` or `device=` can place layers on them.
     Adding the same endpoint again returns the same devices.
     """
-    from . import _extension
-    core = _extension.core
     host, port = parse_endpoint(endpoint)
     endpoint = f"{host}:{port}"
     if endpoint in core.LOST_ENDPOINTS:

@@ -28,3 +28,12 @@ cdef extern from "ggml-rpc.h" nogil:
 
     ggml_backend_reg_t ggml_backend_rpc_reg()
     ggml_backend_reg_t ggml_backend_rpc_add_server(const char * endpoint)
+
+
+# Not in the header: the type of ggml_backend_rpc_start_server, for calling it through the
+# RPC registry's ggml_backend_reg_get_proc_address. A build without GGML_RPC has no such
+# symbol to link, so polyllama never calls it by name; ggml-rpc.h itself (and so the
+# RPC_PROTO_* constants) is in every build.
+ctypedef void (*ggml_backend_rpc_start_server_t)(const char * endpoint, const char * cache_dir,
+                                                 size_t n_threads, size_t n_devices,
+                                                 ggml_backend_dev_t * devices) noexcept nogil

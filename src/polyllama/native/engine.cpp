@@ -1,7 +1,9 @@
 // The sequence engine (engine.h says what it does and why it is shaped this way).
 #include "engine.h"
 
-#include "polyllama_native.h"
+#include "greedy.h"
+#include "guard.h"
+#include "remote.h"
 
 #include <algorithm>
 #include <chrono>
@@ -394,11 +396,8 @@ int engine::wait(int64_t id, bool until_finished, double timeout_s, request_outp
             {
                 std::lock_guard<std::mutex> sl(step_mu_);
                 const int64_t before = stats_.tokens_decoded;
-                try {
-                    step_locked(changed);
-                } catch (...) {
-                    // step_locked reports through the requests; nothing should get here
-                }
+                std::string ignored;   // step_locked reports through the requests
+                guarded(ignored, [&] { step_locked(changed); });
                 decoded = stats_.tokens_decoded - before;
             }
             lk.lock();
@@ -436,10 +435,8 @@ int engine::step(std::vector<int64_t> & changed) {
     int n = 0;
     {
         std::lock_guard<std::mutex> sl(step_mu_);
-        try {
-            n = step_locked(changed);
-        } catch (...) {
-        }
+        std::string ignored;   // step_locked reports through the requests
+        guarded(ignored, [&] { n = step_locked(changed); });
     }
     {
         std::lock_guard<std::mutex> lk(mu_);
@@ -848,7 +845,8 @@ void engine::sample_one(sequence & s) {
         s.cur[i] = llama_token_data{i, logits[i], 0.0f};
     }
     llama_token_data_array arr{s.cur.data(), s.cur.size(), -1, false};
-    try {
+    std::string what;
+    const bool ok = guarded(what, [&] {
         llama_sampler_apply(s.p.sampler, &arr);
         if (arr.selected < 0 || arr.selected >= static_cast<int64_t>(arr.size) ||
             !(arr.data[arr.selected].logit > -std::numeric_limits<float>::infinity())) {
@@ -867,12 +865,10 @@ void engine::sample_one(sequence & s) {
         s.token = arr.data[arr.selected].id;
         add_sampled_logprob(s.top, s.p.n_probs, logits, lse, s.token);
         llama_sampler_accept(s.p.sampler, s.token);
-    } catch (const std::exception & e) {
+    });
+    if (!ok) {
         s.sample_error = ERROR_GRAMMAR;
-        s.sample_error_text = std::string("the grammar rejected the sampled token: ") + e.what();
-    } catch (...) {
-        s.sample_error = ERROR_GRAMMAR;
-        s.sample_error_text = "the sampler failed";
+        s.sample_error_text = "the grammar rejected the sampled token: " + what;
     }
 }
 
@@ -900,21 +896,13 @@ void engine::sample_all(std::vector<sequence *> & ready) {
 }
 
 int engine::decode(llama_batch & batch, std::string & err) {
-    if (worker_ != nullptr) {
-        int32_t rc = -1;
-        const int status = remote_decode(worker_, ctx_, batch, &rc, timeout_s_, err);
-        if (status != REMOTE_OK) {
-            lost_ = status == REMOTE_LOST || status == REMOTE_TIMEOUT;
-            return -1000 - status;
-        }
-        return rc;
+    int32_t rc = -1;
+    const int status = decode_via(worker_, ctx_, batch, &rc, timeout_s_, err);
+    if (status != REMOTE_OK) {
+        lost_ = status == REMOTE_LOST || status == REMOTE_TIMEOUT;
+        return -1000 - status;
     }
-    try {
-        return llama_decode(ctx_, batch);
-    } catch (const std::exception & e) {
-        err = e.what();
-        return -1;
-    }
+    return rc;
 }
 
 void engine::fail_all(int kind, const std::string & msg, int code, std::vector<int64_t> & changed) {

@@ -1,5 +1,7 @@
 // See hardening.h.
 #include "hardening.h"
+#include "guard.h"
+#include "remote.h"
 
 #include "chat.h"
 #include "common.h"
@@ -34,11 +36,8 @@ struct thread_body {
 
 void * thread_entry(void * arg) {
     std::unique_ptr<thread_body> body(static_cast<thread_body *>(arg));
-    try {
-        body->fn();
-    } catch (...) {
-        // fn reports its own errors; nothing may escape a thread
-    }
+    std::string ignored;   // fn reports its own errors; this only keeps them in the thread
+    guarded(ignored, body->fn);
     return nullptr;
 }
 
@@ -80,11 +79,6 @@ void run_on_big_stack(const std::function<void()> & fn) {
 // ---- GGML_ABORT as an exception ------------------------------------------------------------------
 thread_local int t_abort_scope = 0;
 
-struct abort_scope {
-    abort_scope() { abort_scope_enter(); }
-    ~abort_scope() { abort_scope_leave(); }
-};
-
 std::string piece_of(const llama_vocab * vocab, llama_token t) {
     char buf[64];
     const int n = llama_token_to_piece(vocab, t, buf, sizeof(buf), 0, true);
@@ -102,28 +96,18 @@ void abort_guard_install() {
 }
 
 llama_model * model_load_guarded(const char * path, llama_model_params params, std::string & err) {
-    abort_scope guard;
-    try {
-        return llama_model_load_from_file(path, params);
-    } catch (const std::exception & e) {
-        // an abort outside llama_model_load's own try (device set-up, splits)
-        err = e.what();
-    } catch (...) {
-        err = "unknown C++ exception";
-    }
-    return nullptr;
+    abort_scope scope;
+    llama_model * model = nullptr;
+    // what reaches guarded() is an abort outside llama_model_load's own try (device set-up, splits)
+    guarded(err, [&] { model = llama_model_load_from_file(path, params); });
+    return model;
 }
 
 llama_context * context_init_guarded(llama_model * model, llama_context_params params, std::string & err) {
-    abort_scope guard;
-    try {
-        return llama_init_from_model(model, params);
-    } catch (const std::exception & e) {
-        err = e.what();
-    } catch (...) {
-        err = "unknown C++ exception";
-    }
-    return nullptr;
+    abort_scope scope;
+    llama_context * ctx = nullptr;
+    guarded(err, [&] { ctx = llama_init_from_model(model, params); });
+    return ctx;
 }
 
 std::string vocab_problems(const llama_model * model) {
@@ -172,6 +156,44 @@ std::string vocab_problems(const llama_model * model) {
 }
 
 // ---- tokenizing ---------------------------------------------------------------------------------------
+namespace {
+
+// llama_tokenize with the buffer grown once to the size it asks for; may throw (or abort,
+// inside the caller's abort scope).
+int tokenize_into(const llama_vocab * vocab, const char * text, int32_t n_text, bool add_special,
+                  bool parse_special, std::vector<llama_token> & out, std::string & err) {
+    // a token covers at least one byte, plus the special tokens added around the text
+    size_t cap = static_cast<size_t>(n_text) + 8;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (cap > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+            cap = std::numeric_limits<int32_t>::max();
+        }
+        out.resize(cap);
+        const int32_t n = llama_tokenize(vocab, text, n_text, out.data(), static_cast<int32_t>(cap),
+                                         add_special, parse_special);
+        if (n >= 0) {
+            out.resize(n);
+            const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+            for (size_t i = 0; i < out.size(); i++) {
+                if (out[i] < 0 || out[i] >= n_vocab) {
+                    err = "llama.cpp's tokenizer produced token id " + std::to_string(out[i]) +
+                          " (the vocabulary has " + std::to_string(n_vocab) + ")";
+                    return TOKENIZE_BAD_ID;
+                }
+            }
+            return TOKENIZE_OK;
+        }
+        if (n == std::numeric_limits<int32_t>::min()) {
+            break;   // the count itself overflowed
+        }
+        cap = static_cast<size_t>(-static_cast<int64_t>(n));
+    }
+    err = "the tokenized text does not fit in 2**31 tokens";
+    return TOKENIZE_FAILED;
+}
+
+}  // namespace
+
 int tokenize_checked(const llama_vocab * vocab, const char * text, size_t len, bool add_special,
                      bool parse_special, std::vector<llama_token> & out, std::string & err) {
     out.clear();
@@ -180,44 +202,18 @@ int tokenize_checked(const llama_vocab * vocab, const char * text, size_t len, b
               std::to_string(std::numeric_limits<int32_t>::max()) + " bytes at once";
         return TOKENIZE_TOO_LONG;
     }
-    const int32_t n_text = static_cast<int32_t>(len);
-    abort_scope guard;   // tokenizing only reads the vocabulary: an abort leaves nothing half-done
-    try {
-        // a token covers at least one byte, plus the special tokens added around the text
-        size_t cap = len + 8;
-        for (int attempt = 0; attempt < 2; attempt++) {
-            if (cap > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-                cap = std::numeric_limits<int32_t>::max();
-            }
-            out.resize(cap);
-            const int32_t n = llama_tokenize(vocab, text, n_text, out.data(), static_cast<int32_t>(cap),
-                                             add_special, parse_special);
-            if (n >= 0) {
-                out.resize(n);
-                const int32_t n_vocab = llama_vocab_n_tokens(vocab);
-                for (size_t i = 0; i < out.size(); i++) {
-                    if (out[i] < 0 || out[i] >= n_vocab) {
-                        err = "llama.cpp's tokenizer produced token id " + std::to_string(out[i]) +
-                              " (the vocabulary has " + std::to_string(n_vocab) + ")";
-                        out.clear();
-                        return TOKENIZE_BAD_ID;
-                    }
-                }
-                return TOKENIZE_OK;
-            }
-            if (n == std::numeric_limits<int32_t>::min()) {
-                break;   // the count itself overflowed
-            }
-            cap = static_cast<size_t>(-static_cast<int64_t>(n));
-        }
-        err = "the tokenized text does not fit in 2**31 tokens";
-    } catch (const std::exception & e) {
-        err = std::string("llama.cpp's tokenizer failed: ") + e.what();
-    } catch (...) {
-        err = "llama.cpp's tokenizer failed";
+    abort_scope scope;   // tokenizing only reads the vocabulary: an abort leaves nothing half-done
+    int rc = TOKENIZE_FAILED;
+    std::string what;
+    if (!guarded(what, [&] {
+            rc = tokenize_into(vocab, text, static_cast<int32_t>(len), add_special, parse_special, out, err);
+        })) {
+        err = "llama.cpp's tokenizer failed: " + what;
     }
-    out.clear();
-    return TOKENIZE_FAILED;
+    if (rc != TOKENIZE_OK) {
+        out.clear();
+    }
+    return rc;
 }
 
 // ---- grammars ---------------------------------------------------------------------------------------------
@@ -226,7 +222,7 @@ llama_sampler * grammar_init_checked(const llama_vocab * vocab, const std::strin
                                      std::string & err) {
     llama_sampler * out = nullptr;
     run_on_big_stack([&] {
-        try {
+        guarded(err, [&] {
             if (lazy_patterns.empty()) {
                 out = llama_sampler_init_grammar(vocab, grammar.c_str(), root.c_str());
             } else {
@@ -237,11 +233,7 @@ llama_sampler * grammar_init_checked(const llama_vocab * vocab, const std::strin
                 out = llama_sampler_init_grammar_lazy_patterns(vocab, grammar.c_str(), root.c_str(), pats.data(),
                                                                pats.size(), nullptr, 0);
             }
-        } catch (const std::exception & e) {
-            err = e.what();
-        } catch (...) {
-            err = "unknown C++ exception";
-        }
+        });
     });
     return out;
 }
@@ -252,17 +244,22 @@ bool grammar_prefill(llama_sampler * grammar, const llama_vocab * vocab, const s
         const llama_token t = tokens[i];
         llama_token_data one{t, 0.0f, 0.0f};
         llama_token_data_array arr{&one, 1, -1, false};
-        try {
-            llama_sampler_apply(grammar, &arr);
-            if (!(one.logit > -std::numeric_limits<float>::infinity())) {
-                err = "token " + std::to_string(i) + " (" + std::to_string(t) + ", '" + piece_of(vocab, t) +
-                      "') of the generation prompt is not allowed by the grammar";
-                return false;
-            }
-            llama_sampler_accept(grammar, t);
-        } catch (const std::exception & e) {
+        bool allowed = false;
+        std::string what;
+        if (!guarded(what, [&] {
+                llama_sampler_apply(grammar, &arr);
+                allowed = one.logit > -std::numeric_limits<float>::infinity();
+                if (allowed) {
+                    llama_sampler_accept(grammar, t);
+                }
+            })) {
             err = "the grammar rejected token " + std::to_string(i) + " (" + std::to_string(t) + ", '" +
-                  piece_of(vocab, t) + "') of the generation prompt: " + e.what();
+                  piece_of(vocab, t) + "') of the generation prompt: " + what;
+            return false;
+        }
+        if (!allowed) {
+            err = "token " + std::to_string(i) + " (" + std::to_string(t) + ", '" + piece_of(vocab, t) +
+                  "') of the generation prompt is not allowed by the grammar";
             return false;
         }
     }
@@ -318,7 +315,7 @@ chat_job * chat_job_start(const llama_model * model, const std::string & templat
     std::string err;
     bool parsed = false;
     run_on_big_stack([&] {
-        try {
+        parsed = guarded(err, [&] {
             job->tmpls = common_chat_templates_init(model, template_override);
             job->inputs.messages = common_chat_msgs_parse_oaicompat(common_json::parse(messages_json));
             if (!tools_json.empty()) {
@@ -332,12 +329,7 @@ chat_job * chat_job_start(const llama_model * model, const std::string & templat
             job->inputs.add_generation_prompt = add_generation_prompt;
             job->inputs.enable_thinking       = enable_thinking;
             job->inputs.use_jinja             = true;
-            parsed = true;
-        } catch (const std::exception & e) {
-            err = e.what();
-        } catch (...) {
-            err = "unknown C++ exception";
-        }
+        });
     });
     if (!parsed) {
         job->refs = 1;
@@ -346,9 +338,8 @@ chat_job * chat_job_start(const llama_model * model, const std::string & templat
     }
     // 2. render, on a thread of its own: it no longer needs the model
     const bool started = start_big_stack_thread([job] {
-        bool ok = false;
         std::string e;
-        try {
+        const bool ok = guarded(e, [&] {
             common_chat_params params = common_chat_templates_apply(job->tmpls.get(), job->inputs);
             chat_result & out = job->result;
             out.prompt            = params.prompt;
@@ -363,12 +354,7 @@ chat_job * chat_job_start(const llama_model * model, const std::string & templat
             for (const auto & t : params.grammar_triggers) {
                 out.grammar_trigger_patterns.push_back(t.value);
             }
-            ok = true;
-        } catch (const std::exception & ex) {
-            e = ex.what();
-        } catch (...) {
-            e = "unknown C++ exception";
-        }
+        });
         chat_job_finish(job, ok, e);
         chat_job_unref(job);
     }, true, nullptr);

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "llama.h"
-#include "polyllama_native.h"
+#include "chat_reply.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -28,8 +28,14 @@ struct ggml_abort_error : std::runtime_error {
 // Aborts on other threads (ggml's compute threads) are not affected. The scope nests.
 void abort_scope_enter();
 void abort_scope_leave();
-bool abort_scope_active();          // read by the ggml abort callback (polyllama_native.cpp)
+bool abort_scope_active();          // read by the ggml abort callback (remote.cpp)
 void abort_guard_install();         // installs that callback (idempotent)
+struct abort_scope {
+    abort_scope() { abort_scope_enter(); }
+    ~abort_scope() { abort_scope_leave(); }
+    abort_scope(const abort_scope &) = delete;
+    abort_scope & operator=(const abort_scope &) = delete;
+};
 
 // llama_model_load_from_file / llama_init_from_model inside an abort scope; NULL on failure
 // (llama.cpp logged why; err holds an abort's message if one escaped llama.cpp's own catch).
