@@ -59,7 +59,7 @@ setup: $(DEVENV)
 build: setup
 	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DPOLYLLAMA_INPLACE=ON \
 	  -DPython_EXECUTABLE=$(PYTHON) -DPOLYLLAMA_BUILD_TOOLS=ON $(CMAKE_ARGS)
-	cmake --build $(BUILD_DIR) -j $(JOBS) --target _core llama-completion llama-bench llama-batched-bench llama-server
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target _llamacpp llama-completion llama-bench llama-batched-bench llama-server
 
 # build-cpu, build-cuda, ..., build-all, build-auto: the backend flags that target stands for
 # (buildconfig.py target-env, from the backend table) set for a sub-make of `build`
@@ -71,7 +71,7 @@ build-%:
 show-backends: $(DEVENV)
 	@$(BUILDCONFIG) show
 	@echo
-	@if ls src/polyllama/_core*.so >/dev/null 2>&1; then $(PYRUN) -m polyllama info; \
+	@if ls src/polyllama/_llamacpp*.so >/dev/null 2>&1; then $(PYRUN) -m polyllama info; \
 	 else echo "the extension is not built yet (make build)"; fi
 
 model: $(DEVENV)
@@ -91,7 +91,7 @@ wheel: setup
 	$(PYTHON) -m pip wheel --no-deps -w dist .
 
 clean:
-	rm -rf build dist src/polyllama/_core*.so src/polyllama/build_info.json
+	rm -rf build dist src/polyllama/_llamacpp*.so src/polyllama/build_info.json
 
 reset: clean
 	rm -rf thirdparty/llama.cpp .venv

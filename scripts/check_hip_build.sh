@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compile and link ggml's HIP (AMD ROCm) backend into polyllama._core against Debian's own
+# Compile and link ggml's HIP (AMD ROCm) backend into polyllama._llamacpp against Debian's own
 # ROCm packages, on a machine that has neither ROCm nor an AMD GPU (issue #21).
 #
 # Debian 12 has no ROCm, and Debian 13's HIP (5.7) is older than the 6.1 the pinned
@@ -208,14 +208,14 @@ mkdir -p "$chroot_dir/src/polyllama"
 # build/ and built extension survive between runs.
 rsync -a --delete \
   --exclude=/.git/ --exclude=/.venv/ --exclude=/build/ --exclude=/dist/ \
-  --exclude='/src/polyllama/_core*.so' --exclude=/src/polyllama/_core.cpp \
+  --exclude='/src/polyllama/_llamacpp*.so' --exclude=/src/polyllama/_llamacpp.cpp \
   --exclude=/src/polyllama/build_info.json --exclude=__pycache__/ --exclude=.pytest_cache/ \
   --exclude=/.devcarry/ --exclude=/.whl/ --exclude=/.gl/ \
   "$repo/" "$chroot_dir/src/polyllama/"
 if [ "$clean" -eq 1 ]; then
   step "--clean: removing the copy's build/hip and built extension"
   rm -rf --one-file-system "$chroot_dir/src/polyllama/build/hip"
-  rm -f "$chroot_dir"/src/polyllama/src/polyllama/_core*.so "$chroot_dir/src/polyllama/src/polyllama/build_info.json"
+  rm -f "$chroot_dir"/src/polyllama/src/polyllama/_llamacpp*.so "$chroot_dir/src/polyllama/src/polyllama/build_info.json"
 fi
 
 # ---- 4. the build ------------------------------------------------------------------------
@@ -243,8 +243,8 @@ say "make build: ${build_s} s wall ($(( build_s / 60 ))m$(( build_s % 60 ))s) wi
     "CPU ${cpu_user:-?} s user + ${cpu_sys:-?} s system"
 in_chroot "${ccache_env[@]}" ccache -s 2>/dev/null | grep -Ei "hits|misses|uncacheable|unsupported" | sed 's/^/   ccache: /' || true
 
-ext=$(cd "$chroot_dir/src/polyllama/src/polyllama" && ls _core*.so 2>/dev/null | head -1)
-[ -n "$ext" ] || die "make build succeeded but src/polyllama/_core*.so is missing"
+ext=$(cd "$chroot_dir/src/polyllama/src/polyllama" && ls _llamacpp*.so 2>/dev/null | head -1)
+[ -n "$ext" ] || die "make build succeeded but src/polyllama/_llamacpp*.so is missing"
 ext_bytes=$(stat -c %s "$chroot_dir/src/polyllama/src/polyllama/$ext")
 say "extension: src/polyllama/$ext, $ext_bytes bytes ($(( ext_bytes / 1048576 )) MiB); ROCm libraries it loads:"
 in_chroot ldd "/src/polyllama/src/polyllama/$ext" | grep -E 'amdhip|hipblas|rocblas|hsa|libstdc' | sed 's/^/   /' || true

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from polyllama import TemplateError
-from polyllama._core import builtin_chat_template
+from polyllama._llamacpp import builtin_chat_template
 
 from conftest import llama_completion
 
@@ -84,7 +84,7 @@ def test_tools_with_a_template_that_has_them(model_path):
     # parses a reply into OpenAI-style tool_calls.
     from pathlib import Path
     from polyllama import LLM
-    from polyllama._core import parse_chat_reply
+    from polyllama._llamacpp import parse_chat_reply
     tpl = (Path(__file__).resolve().parent.parent / "thirdparty" / "llama.cpp" / "models" / "templates"
            / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
     with LLM(model_path, backend="cpu", n_threads=2, n_ctx=1024, chat_template=tpl) as m:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from polyllama import LLM, NoDeviceError, backends
-from polyllama import _core as core
+from polyllama import _llamacpp as llamacpp
 from polyllama.info import build_info
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,9 +33,9 @@ def hip_status():
 @pytest.fixture
 def fake_rocm_without_device(monkeypatch, tmp_path):
     """A ROCm registry with no device, ggml's own log line about it, and /dev in tmp_path."""
-    real = core.registries()
-    monkeypatch.setattr(core, "registries", lambda: [*real, "ROCm"] if "ROCm" not in real else real)
-    monkeypatch.setattr(core, "REGISTRATION_LOG", NO_DEVICE_LINE + "\nggml_vulkan: unrelated line")
+    real = llamacpp.registries()
+    monkeypatch.setattr(llamacpp, "registries", lambda: [*real, "ROCm"] if "ROCm" not in real else real)
+    monkeypatch.setattr(llamacpp, "REGISTRATION_LOG", NO_DEVICE_LINE + "\nggml_vulkan: unrelated line")
     monkeypatch.setenv("POLYLLAMA_FAKE_DEV_ROOT", str(tmp_path))
     return tmp_path
 
@@ -73,7 +73,7 @@ def hip_build():
 
 
 def test_hip_is_linked_in(hip_build):
-    assert "ROCm" in core.registries()
+    assert "ROCm" in llamacpp.registries()
     assert hip_build["flags"]["GGML_HIP"] == "ON"
     assert hip_build["flags"].get("GPU_TARGETS"), "make build passes GPU_TARGETS through to ggml-hip"
     assert hip_status().compiled

@@ -21,14 +21,14 @@ from pathlib import Path
 import pytest
 
 from polyllama import LLM, PolyllamaError, RemoteDeviceError, devices
-from polyllama._extension import core
+from polyllama._llamacpp_loader import llamacpp
 from polyllama.rpc import PROTO_MAJOR, add_rpc_server, probe
 
 ROOT = Path(__file__).resolve().parent.parent
 THREADS = 1          # per server and client: the machine has 2 cores, shared
 PROMPT = "Once upon a time"
 
-pytestmark = pytest.mark.skipif("RPC" not in core.registries(),
+pytestmark = pytest.mark.skipif("RPC" not in llamacpp.registries(),
                                 reason="the extension was built without the RPC backend "
                                        "(rebuild with GGML_RPC=1 make build)")
 

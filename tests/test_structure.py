@@ -1,6 +1,6 @@
 """The extension's Python surface has no dead ends.
 
-Every public function and class of polyllama._core (defined in _core.pyx or the
+Every public function and class of polyllama._llamacpp (defined in _llamacpp.pyx or the
 _engine.pxi it includes) must be used by its Python callers: the package's modules, the
 benchmarks or the tests. A def that nothing calls is compiled, documented and kept in step
 with llama.cpp for nobody; this test fails until it is used or removed.
@@ -16,15 +16,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 THIS = Path(__file__).resolve()
 
-core = pytest.importorskip("polyllama._core")
+llamacpp = pytest.importorskip("polyllama._llamacpp")
 
 
 def public_callables() -> list[str]:
-    """Functions and classes that _core defines itself (not what it imports: errors, re)."""
-    return sorted(name for name in dir(core)
+    """Functions and classes that _llamacpp defines itself (not what it imports: errors, re)."""
+    return sorted(name for name in dir(llamacpp)
                   if not name.startswith("_")
-                  and callable(obj := getattr(core, name))
-                  and getattr(obj, "__module__", None) == core.__name__)
+                  and callable(obj := getattr(llamacpp, name))
+                  and getattr(obj, "__module__", None) == llamacpp.__name__)
 
 
 def caller_files() -> list[Path]:
@@ -33,11 +33,12 @@ def caller_files() -> list[Path]:
     return sorted(f for f in files if f.resolve() != THIS)
 
 
-# the ways callers reach the extension: `core.NAME` (from ._extension import core, or
-# `import _core as core`), `_core.NAME`, `getattr(core, "NAME")`, `from ..._core import NAME`
-_ATTRIBUTE = re.compile(r"\b_?core\s*\.\s*([A-Za-z_]\w*)")
-_GETATTR = re.compile(r"""getattr\(\s*(?:\w+\.)?_?core\s*,\s*["']([A-Za-z_]\w*)["']""")
-_FROM_IMPORT = re.compile(r"from\s+(?:polyllama|\.*)\s*\.?\s*_core\s+import\s+(\([^)]*\)|[^\n]+)")
+# the ways callers reach the extension: `llamacpp.NAME` (from ._llamacpp_loader import llamacpp, or
+# `import _llamacpp as llamacpp`), `_llamacpp.NAME`, `getattr(llamacpp, "NAME")`,
+# `from ..._llamacpp import NAME`
+_ATTRIBUTE = re.compile(r"\b_?llamacpp\s*\.\s*([A-Za-z_]\w*)")
+_GETATTR = re.compile(r"""getattr\(\s*(?:\w+\.)?_?llamacpp\s*,\s*["']([A-Za-z_]\w*)["']""")
+_FROM_IMPORT = re.compile(r"from\s+(?:polyllama|\.*)\s*\.?\s*_llamacpp\s+import\s+(\([^)]*\)|[^\n]+)")
 
 
 def names_used(text: str) -> set[str]:
@@ -61,26 +62,26 @@ def test_every_public_callable_of_the_extension_has_a_caller():
     assert len(names) > 20, names   # the extension was found and its API read
     dead = unused(names, caller_files())
     assert not dead, (
-        f"polyllama._core defines {dead} but no module of src/polyllama, benchmark or test "
-        "uses it: remove it (or make it cdef/private if only _core.pyx needs it)")
+        f"polyllama._llamacpp defines {dead} but no module of src/polyllama, benchmark or test "
+        "uses it: remove it (or make it cdef/private if only _llamacpp.pyx needs it)")
 
 
 def test_the_search_sees_each_way_of_reaching_the_extension():
     text = inspect.cleandoc('''
-        from ._extension import core
-        core.Model(path)
-        x = _extension.core.device_list()
-        from polyllama._core import (ModelParams,  # the parameters
+        from ._llamacpp_loader import llamacpp
+        llamacpp.Model(path)
+        x = _llamacpp_loader.llamacpp.device_list()
+        from polyllama._llamacpp import (ModelParams,  # the parameters
                                      ContextParams as CP)
-        from ._core import Sampler
-        getattr(core, "Engine")
+        from ._llamacpp import Sampler
+        getattr(llamacpp, "Engine")
     ''')
     assert names_used(text) >= {"Model", "device_list", "ModelParams", "ContextParams", "Sampler",
                                 "Engine"}
 
 
 def test_an_unused_def_is_reported(tmp_path):
-    # what a new `def fresh_helper(): ...` in _core.pyx that nothing calls would look like
+    # what a new `def fresh_helper(): ...` in _llamacpp.pyx that nothing calls would look like
     caller = tmp_path / "caller.py"
-    caller.write_text("from ._extension import core\ncore.Model('m.gguf')\n")
+    caller.write_text("from ._llamacpp_loader import llamacpp\nllamacpp.Model('m.gguf')\n")
     assert unused(["Model", "fresh_helper"], [caller]) == ["fresh_helper"]

@@ -138,8 +138,8 @@ def test_opencl_without_usable_device_says_why(model_path):
     with pytest.raises(NoDeviceError, match=r"backend 'opencl': compiled in, no device found; "
                                             r"ggml-opencl accepts only Adreno/Qualcomm and Intel") as e:
         LLM(model_path, backend="opencl")
-    from polyllama import _core
-    said = [line.split(":", 1)[1].strip() for line in _core.REGISTRATION_LOG.splitlines()
+    from polyllama import _llamacpp
+    said = [line.split(":", 1)[1].strip() for line in _llamacpp.REGISTRATION_LOG.splitlines()
             if line.startswith("ggml_opencl:")]
     if said:   # e.g. PoCL's CPU device: ggml-opencl logged why it dropped it
         assert "; ggml said: " in str(e.value) and said[-1] in str(e.value)

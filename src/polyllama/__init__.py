@@ -4,7 +4,7 @@
     llm = LLM("model.gguf", backend="auto")
     print(llm.generate("The capital of France is", max_tokens=16).text)
 
-The modules that need the compiled extension (polyllama._core) are imported on first
+The modules that need the compiled extension (polyllama._llamacpp) are imported on first
 use, so `polyllama.backend_table`, `polyllama.default_model` and `polyllama.errors` work in a
 source tree that has not been built yet.
 """

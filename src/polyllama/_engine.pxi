@@ -1,15 +1,15 @@
-# Included by _core.pyx: the owner of the native sequence engine (native/engine.h).
+# Included by _llamacpp.pyx: the owner of the native sequence engine (csrc/engine.h).
 #
 # The engine runs llama_decode and sampling for every live sequence of one Context; this
 # class only carries requests in and output out. Every call that can wait or decode runs
 # without the GIL. Lifetime: the engine keeps its Context (and so the model) alive; close()
 # wakes every thread waiting in it, waits for them to leave, then frees it.
 
-FINISH_REASONS = {_native.FINISH_STOP: "stop", _native.FINISH_LENGTH: "length",
-                  _native.FINISH_CANCELLED: "cancelled", _native.FINISH_ERROR: "error"}
-ERROR_KINDS = {_native.ERROR_GRAMMAR: "grammar", _native.ERROR_DECODE: "decode",
-               _native.ERROR_CONTEXT: "context", _native.ERROR_REMOTE: "remote",
-               _native.ERROR_CLOSED: "closed"}
+FINISH_REASONS = {csrc.FINISH_STOP: "stop", csrc.FINISH_LENGTH: "length",
+                  csrc.FINISH_CANCELLED: "cancelled", csrc.FINISH_ERROR: "error"}
+ERROR_KINDS = {csrc.ERROR_GRAMMAR: "grammar", csrc.ERROR_DECODE: "decode",
+               csrc.ERROR_CONTEXT: "context", csrc.ERROR_REMOTE: "remote",
+               csrc.ERROR_CLOSED: "closed"}
 
 
 FORKED_MESSAGE = ("this LLM was loaded before os.fork(), in the parent process: llama.cpp's threads and "
@@ -29,7 +29,7 @@ cdef class RequestState:
     cdef readonly object logits              # array('f') for logits_only requests, else None
 
 
-cdef object _final_state(_native.request_output & out):
+cdef object _final_state(csrc.request_output & out):
     cdef RequestState st = RequestState.__new__(RequestState)
     st.finish_reason = FINISH_REASONS.get(out.finish, "error")
     st.error_kind = ERROR_KINDS.get(out.error_kind, "")
@@ -51,7 +51,7 @@ cdef object _final_state(_native.request_output & out):
     return st
 
 
-cdef tuple _output_tuple(int rc, _native.request_output & out):
+cdef tuple _output_tuple(int rc, csrc.request_output & out):
     """(rc, text, tokens, logprobs or None, RequestState or None)."""
     cdef size_t i, j
     text = out.text.decode("utf-8", "replace") if out.text.size() else ""
@@ -60,17 +60,17 @@ cdef tuple _output_tuple(int rc, _native.request_output & out):
     if out.logprobs.size():
         logprobs = [[(out.logprobs[i][j].first, out.logprobs[i][j].second)
                      for j in range(out.logprobs[i].size())] for i in range(out.logprobs.size())]
-    final = _final_state(out) if out.finish != _native.FINISH_NONE else None
+    final = _final_state(out) if out.finish != csrc.FINISH_NONE else None
     return rc, text, tokens, logprobs, final
 
 
 cdef class Engine:
-    """Continuous batching over one Context (see native/engine.h)."""
-    cdef _native.engine * ptr
+    """Continuous batching over one Context (see csrc/engine.h)."""
+    cdef csrc.engine * ptr
     cdef readonly Context context
     cdef int inside           # threads in a call that released the GIL
     cdef bint closing
-    cdef int pid              # the process that made it (see _forked in _core.pyx)
+    cdef int pid              # the process that made it (see _forked in _llamacpp.pyx)
 
     def __cinit__(self):
         self.ptr = NULL
@@ -81,7 +81,7 @@ cdef class Engine:
     def __init__(self, Context context, int sample_threads=1, bint aligned_regions=True):
         context._check()
         self.context = context
-        self.ptr = new _native.engine(context.ptr, context.model.ptr, context.worker,
+        self.ptr = new csrc.engine(context.ptr, context.model.ptr, context.worker,
                                       context.remote_timeout, sample_threads, aligned_regions)
 
     def __dealloc__(self):
@@ -137,7 +137,7 @@ cdef class Engine:
                bint logits_only=False):
         """Queue a request; returns its id. A sampler (when not greedy) is handed over: the
         engine frees it with the request."""
-        cdef _native.request_params p
+        cdef csrc.request_params p
         cdef int64_t rid
         cdef int n_vocab = self.context.n_vocab
         self._enter()
@@ -173,7 +173,7 @@ cdef class Engine:
 
         Returns (rc, text, tokens, logprobs, state): rc 1 with output, 0 on timeout, -1 for
         an unknown id; state is a RequestState once the request has finished."""
-        cdef _native.request_output out
+        cdef csrc.request_output out
         cdef int rc
         self._enter()
         try:
@@ -185,7 +185,7 @@ cdef class Engine:
 
     def take(self, int64_t rid):
         """wait() without waiting or stepping."""
-        cdef _native.request_output out
+        cdef csrc.request_output out
         cdef int rc
         self._enter()
         try:
@@ -244,7 +244,7 @@ cdef class Engine:
             self.inside -= 1
 
     def stats(self):
-        cdef _native.engine_stats st
+        cdef csrc.engine_stats st
         self._enter()
         try:
             st = self.ptr.stats()

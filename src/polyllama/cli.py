@@ -328,7 +328,7 @@ def cmd_rpc_server(args) -> int:
     from . import rpc
     from .discovery import devices
     from .errors import DeviceNotFoundError, PolyllamaError
-    from ._extension import core
+    from ._llamacpp_loader import llamacpp
     host = args.host if args.host is not None else "127.0.0.1"
     # the protocol has no authentication: say so every time, louder when it is not loopback
     print("polyllama rpc-server: WARNING: the ggml RPC protocol has no authentication and no "
@@ -374,7 +374,7 @@ def cmd_rpc_server(args) -> int:
 
     def serve():
         try:
-            core.rpc_start_server(endpoint, [chosen.index], args.cache, threads)
+            llamacpp.rpc_start_server(endpoint, [chosen.index], args.cache, threads)
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             failed.append(e)
 

@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from . import backend_table
-from ._extension import core
+from ._llamacpp_loader import llamacpp
 from .backend_table import AUTO_ORDER, BACKENDS
 
 # Drivers that implement a GPU API on the CPU. ggml-vulkan reports lavapipe as a GPU
@@ -65,7 +65,7 @@ def devices() -> list[Device]:
     """Every ggml device compiled into this build, with free/total memory queried now."""
     out: list[Device] = []
     ordinals: dict[str, int] = {}
-    for d in core.device_list():
+    for d in llamacpp.device_list():
         backend = _backend_name(d["registry"])
         ordinal = ordinals.get(backend, 0)
         ordinals[backend] = ordinal + 1
@@ -117,7 +117,7 @@ def _registration_lines(b: backend_table.Backend) -> list[str]:
     """
     prefixes = (f"ggml_{b.registry.lower()}:",) + ((b.log_prefix,) if b.log_prefix else ())
     out = []
-    for line in core.REGISTRATION_LOG.splitlines():
+    for line in llamacpp.REGISTRATION_LOG.splitlines():
         prefix = next((p for p in prefixes if line.startswith(p)), None)
         if prefix:
             out.append(line[len(prefix):].strip())
@@ -146,7 +146,7 @@ def _built_backends() -> list[str]:
 
 def backends() -> list[BackendStatus]:
     """Every backend polyllama knows: compiled in or not, its devices, why unusable."""
-    registered = set(core.registries())
+    registered = set(llamacpp.registries())
     built = set(_built_backends())
     devs = devices()
     out = []

@@ -59,7 +59,7 @@ class Request:
         self._text: list[str] = []
         self._tokens: list[int] = []
         self._logprobs: list | None = [] if n_probs else None
-        self._state = None              # core.RequestState once finished
+        self._state = None              # llamacpp.RequestState once finished
         self._released = False
 
     # ---- output ----
@@ -343,8 +343,8 @@ def default_sample_threads(on_gpu: bool) -> int:
 
 
 def _forked_message() -> str:
-    from ._extension import core
-    return core.FORKED_MESSAGE
+    from ._llamacpp_loader import llamacpp
+    return llamacpp.FORKED_MESSAGE
 
 
 def _now() -> float:

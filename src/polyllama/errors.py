@@ -39,7 +39,7 @@ class PolyllamaError(Exception):
 
 
 class ExtensionNotBuiltError(PolyllamaError, ImportError):
-    """The compiled extension polyllama._core is missing (the package was not built)."""
+    """The compiled extension polyllama._llamacpp is missing (the package was not built)."""
 
 
 # ---- choosing a backend / device ------------------------------------------------------

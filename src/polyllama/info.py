@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-from ._extension import core
+from ._llamacpp_loader import llamacpp
 
 
 def build_info() -> dict:
@@ -14,13 +14,13 @@ def build_info() -> dict:
     built, plus what the loaded extension reports about itself at run time.
     """
     info = json.loads(resources.files(__package__).joinpath("build_info.json").read_text())
-    info["ggml_version_runtime"] = core.get_ggml_version()
-    info["ggml_commit_runtime"] = core.get_ggml_commit()
-    info["registries"] = core.registries()
-    info["system_info"] = core.system_info()
+    info["ggml_version_runtime"] = llamacpp.get_ggml_version()
+    info["ggml_commit_runtime"] = llamacpp.get_ggml_commit()
+    info["registries"] = llamacpp.registries()
+    info["system_info"] = llamacpp.system_info()
     # what ggml-cpu repacks weights into here ("AMX" only where the build kept it, see
     # info["cpu_amx"], and the kernel grants the tile state)
-    info["cpu_weight_buffers"] = core.cpu_extra_buffer_types()
+    info["cpu_weight_buffers"] = llamacpp.cpu_extra_buffer_types()
     return info
 
 
@@ -30,6 +30,6 @@ def set_log_level(level: str) -> None:
     One of "debug", "info", "warning", "error" (the default) or "none". Independently
     of this, warnings and errors are kept and attached to exceptions (`err.log`).
     """
-    if level not in core.LOG_LEVELS:
-        raise ValueError(f"unknown log level {level!r}; use one of {', '.join(core.LOG_LEVELS)}")
-    core.set_log_level(level)
+    if level not in llamacpp.LOG_LEVELS:
+        raise ValueError(f"unknown log level {level!r}; use one of {', '.join(llamacpp.LOG_LEVELS)}")
+    llamacpp.set_log_level(level)

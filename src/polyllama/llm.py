@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-from ._extension import core
+from ._llamacpp_loader import llamacpp
 from .engine import Engine, Request, default_sample_threads
 from .errors import (ConflictingArgumentsError, ContextError, ContextOverflowError, GrammarError,
                      InsufficientMemoryError, LoadAbortedError, ModelLoadError, PolyllamaError,
@@ -107,7 +107,7 @@ class ChatTurn:
         where the template's format has them (libcommon's common_chat_parse). With
         partial=True, text is a reply still being generated."""
         try:
-            msg = core.parse_chat_reply(self._format, self._generation_prompt, self._parser, text, partial)
+            msg = llamacpp.parse_chat_reply(self._format, self._generation_prompt, self._parser, text, partial)
         except PolyllamaError:
             msg = {"role": "assistant", "content": text}
         msg.setdefault("role", "assistant")
@@ -121,7 +121,7 @@ class Tokenizer:
         self.path = os.fspath(path)
         _check_model_file(self.path)
         check_gguf(self.path)
-        self._model = _load_model(self.path, core.ModelParams(devices=[], n_gpu_layers=0, vocab_only=True))
+        self._model = _load_model(self.path, llamacpp.ModelParams(devices=[], n_gpu_layers=0, vocab_only=True))
 
     def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self._model.tokenize(_utf8(text), add_special, parse_special)
@@ -143,7 +143,7 @@ _LOG_PREFIXES = ("llama_model_load: error loading model: ", "gguf_init_from_read
 
 
 def _load_model(path: str, params, progress=None):
-    """core.Model, with a ModelLoadError that names llama.cpp's reason rather than its
+    """llamacpp.Model, with a ModelLoadError that names llama.cpp's reason rather than its
     last log line (which is always the generic "failed to load model").
 
     A progress callback that returns False stops loading with LoadAbortedError; one that
@@ -163,7 +163,7 @@ def _load_model(path: str, params, progress=None):
                 return False
             return True
     try:
-        return core.Model(path, params, watched)
+        return llamacpp.Model(path, params, watched)
     except ModelLoadError as e:
         if stopped:
             if stopped[0] is not None:
@@ -173,7 +173,7 @@ def _load_model(path: str, params, progress=None):
         if not str(e).startswith("llama.cpp could not load"):
             raise                 # one of polyllama's own checks after the load: already specific
         # llama.cpp's error lines say why; its warnings (logged first) rarely do
-        errors = [_clean_log_line(x) for x in core.recent_log_errors().splitlines()]
+        errors = [_clean_log_line(x) for x in llamacpp.recent_log_errors().splitlines()]
         errors = [x for x in errors if x and "failed to load model" not in x]
         if errors:
             reasons = list(dict.fromkeys(x for x in errors if x not in _SECTION_LINES)) or errors
@@ -197,11 +197,11 @@ def _load_model(path: str, params, progress=None):
 
 def _clean_log_line(line: str) -> str:
     """A line of llama.cpp's log without its function-name prefix (and an abort's message
-    without the build's relative path: core.clean_log_line)."""
+    without the build's relative path: llamacpp.clean_log_line)."""
     for prefix in _LOG_PREFIXES:
         if line.startswith(prefix):
             line = line[len(prefix):]
-    return core.clean_log_line(line)
+    return llamacpp.clean_log_line(line)
 
 
 # the largest n_ctx (and n_batch, n_ubatch) an LLM takes
@@ -488,10 +488,10 @@ class LLM:
         check_kv_fits_devices(self._gguf_meta, self._cparams["n_ctx"], cand)
         mp = model_params(cand)
         mp.use_mmap = self._use_mmap
-        cp = core.ContextParams(**self._cparams)
+        cp = llamacpp.ContextParams(**self._cparams)
         fitted = False
         if cand.devices and cand.n_gpu_layers == "auto":
-            status = core.fit_params(self.model_path, mp, cp, [margin] * len(cand.devices),
+            status = llamacpp.fit_params(self.model_path, mp, cp, [margin] * len(cand.devices),
                                      n_ctx_min=min(self._cparams["n_ctx"] or 4096, 4096))
             if status != "success":
                 raise self._memory_error(cand, cp, "the model does not fit in free device memory")
@@ -514,7 +514,7 @@ class LLM:
                 raise err from None
             raise
         try:
-            ctx = core.Context(model, cp)
+            ctx = llamacpp.Context(model, cp)
         except ContextError as e:
             model.close()
             if _allocation_failed(e):
@@ -539,7 +539,7 @@ class LLM:
         offloaded = on_gpu and mp.n_gpu_layers != 0
         # aligned slot regions buy exact CPU results (ARCHITECTURE.md §6.3) for some unused
         # cells; GPU kernels are not exact across batch shapes anyway, so they go without
-        self._engine = Engine(self, core.Engine(ctx, default_sample_threads(offloaded),
+        self._engine = Engine(self, llamacpp.Engine(ctx, default_sample_threads(offloaded),
                                                 aligned_regions=not offloaded))
         mem = ctx.memory()
         n_layers = model.n_layer + 1
@@ -572,7 +572,7 @@ class LLM:
         avail = _available_host_memory()
         if avail is None:
             return
-        est = core.estimate_memory(self.model_path, model_params(cand), cp)
+        est = llamacpp.estimate_memory(self.model_path, model_params(cand), cp)
         needed = sum(r["context"] + r["compute"] for r in est["devices"])
         if needed > avail:
             raise InsufficientMemoryError(
@@ -582,7 +582,7 @@ class LLM:
 
     def _memory_error(self, cand: Candidate, cp, what: str) -> InsufficientMemoryError:
         """InsufficientMemoryError with llama.cpp's estimate of a full offload vs free memory."""
-        est = core.estimate_memory(self.model_path, model_params(cand), cp)
+        est = llamacpp.estimate_memory(self.model_path, model_params(cand), cp)
         needed = {r["device"]: r["model"] + r["context"] + r["compute"] for r in est["devices"]}
         free = {r["device"]: r["free"] for r in est["devices"]}
         return InsufficientMemoryError(
@@ -627,7 +627,7 @@ class LLM:
         if self._ctx is None:
             raise PolyllamaError("this LLM is closed")
         if self._engine is not None and self._engine._eng is not None and self._engine._eng.forked:
-            raise PolyllamaError(core.FORKED_MESSAGE)
+            raise PolyllamaError(llamacpp.FORKED_MESSAGE)
         return self._ctx
 
     def _check_file(self) -> None:
@@ -769,7 +769,7 @@ class LLM:
     def _grammar_for(self, params: SamplingParams) -> str | None:
         schema = params.schema_text()
         if schema is not None:
-            return core.json_schema_to_grammar(schema)
+            return llamacpp.json_schema_to_grammar(schema)
         return params.grammar
 
     def _fit_prompt(self, tokens: list[int], params: SamplingParams, truncate: bool, n_ctx: int) -> list[int]:
@@ -800,7 +800,7 @@ class LLM:
                 p = params
                 if seed_offset and params.seed is not None:
                     p = SamplingParams.from_kwargs(params, seed=(params.seed + seed_offset) & 0xFFFFFFFF)
-                sampler = build_sampler(core, self._model, p, grammar, lazy_patterns, prefill)
+                sampler = build_sampler(llamacpp, self._model, p, grammar, lazy_patterns, prefill)
             return self._engine._submit_tokens(
                 tokens, max_tokens=params.max_tokens or -1, limit=limit, n_probs=params.n_probs,
                 greedy=greedy, banned=self._model.token_eos if params.ignore_eos else -1,
@@ -899,7 +899,7 @@ class LLM:
 
     # ---- special tokens in chat content ----------------------------------------------------
     def _special_tokens(self):
-        """The model's special tokens (core.Model.special_tokens), and a regex matching the
+        """The model's special tokens (llamacpp.Model.special_tokens), and a regex matching the
         text of those that tokenizing with parse_special=True turns into control tokens."""
         cached = getattr(self, "_specials_cache", None)
         if cached is None or cached[0] is not self._model:
@@ -1052,7 +1052,7 @@ class LLM:
                     _tool_name(t) and _tool_name(t) in chat["prompt"] for t in tools):
                 log.warning("polyllama: this model's chat template does not use tools: they were "
                             "left out of the prompt (pass chat_template= with a template that has them)")
-            grammar = chat["grammar"] or (core.json_schema_to_grammar(schema) if schema else None)
+            grammar = chat["grammar"] or (llamacpp.json_schema_to_grammar(schema) if schema else None)
             stops = tuple(params.stop) + tuple(s for s in chat["additional_stops"] if s)
             p = SamplingParams.from_kwargs(params, stop=stops)
             if grammar:   # the template's (or response_format's) grammar replaces the caller's
@@ -1092,10 +1092,10 @@ class LLM:
                 if self._embed_ctx is not None:
                     self._embed_ctx[1].close()
                 n = max(512, self._cparams["n_ubatch"])
-                cp = core.ContextParams(n_ctx=min(self._cparams["n_ctx"] or 4096, 4096), n_batch=n,
+                cp = llamacpp.ContextParams(n_ctx=min(self._cparams["n_ctx"] or 4096, 4096), n_batch=n,
                                         n_ubatch=n, n_threads=self._cparams["n_threads"],
                                         embeddings=True, pooling=pooling)
-                self._embed_ctx = (key, core.Context(self._model, cp))
+                self._embed_ctx = (key, llamacpp.Context(self._model, cp))
             ectx = self._embed_ctx[1]
             out = []
             for t in items:

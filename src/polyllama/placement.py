@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Sequence, Union
 
 from . import backend_table
-from ._extension import core
+from ._llamacpp_loader import llamacpp
 from .backend_table import AUTO_ORDER, BACKEND_NAMES
 from .discovery import Device, backends, devices
 from .errors import (BackendNotCompiledError, ConflictingArgumentsError, ContextError, DeviceNotFoundError,
@@ -23,7 +23,7 @@ from .errors import (BackendNotCompiledError, ConflictingArgumentsError, Context
 log = logging.getLogger("polyllama")
 
 DeviceSpec = Union[int, str, Device]
-SPLIT_MODES = tuple(core.SPLIT_MODES)   # llama_split_mode's names, in _core.pyx
+SPLIT_MODES = tuple(llamacpp.SPLIT_MODES)   # llama_split_mode's names, in _llamacpp.pyx
 DEFAULT_MARGIN = 1 << 30  # bytes left free per device when fitting, as llama.cpp's -fit
 # split_mode="row" puts weights in a backend's split buffer type, which llama.cpp asks the
 # registry for ("ggml_backend_split_buffer_type", src/llama-model.cpp make_gpu_buft_list)
@@ -300,7 +300,7 @@ def model_params(c: Candidate, vocab_only: bool = False):
     ngl = None if c.n_gpu_layers == "auto" else c.n_gpu_layers
     if not c.devices:
         ngl = 0
-    mp = core.ModelParams(devices=[d.index for d in c.devices], n_gpu_layers=ngl,
+    mp = llamacpp.ModelParams(devices=[d.index for d in c.devices], n_gpu_layers=ngl,
                           split_mode=c.split_mode, main_gpu=c.main_gpu,
                           tensor_split=c.tensor_split, vocab_only=vocab_only)
     if any(d.backend == "rpc" for d in c.devices):
@@ -323,7 +323,7 @@ def check_kv_fits_devices(meta: dict | None, n_ctx: int, cand: Candidate) -> Non
     if not nbytes:
         return
     for d in cand.devices:
-        if not core.device_supports_tensor_bytes(d.index, nbytes):
+        if not llamacpp.device_supports_tensor_bytes(d.index, nbytes):
             raise ContextError(
                 f"one layer of the KV cache at n_ctx={n_ctx or 'the model maximum'} is "
                 f"{nbytes / 2**20:.0f} MiB, more than {d.name} ({d.backend}) takes in one buffer; "
@@ -346,9 +346,9 @@ def estimate_memory(model_path: str | os.PathLike, n_ctx: int = 4096, *, backend
     c = cands[0]
     check_kv_fits_devices(check_gguf(model_path), n_ctx, c)
     mp = model_params(c)
-    cp = core.ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
+    cp = llamacpp.ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
                             flash_attn=flash_attn)
-    est = core.estimate_memory(os.fspath(model_path), mp, cp)
+    est = llamacpp.estimate_memory(os.fspath(model_path), mp, cp)
     est["backend"] = c.backend
     for row in est["devices"]:
         row["bytes"] = row["model"] + row["context"] + row["compute"]

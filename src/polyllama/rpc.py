@@ -9,7 +9,7 @@ keep that from hanging or killing the Python process:
   * `probe()` performs the same HELLO handshake from Python, with a timeout, before the
     endpoint is handed to ggml (unreachable server, wrong protocol version);
   * every native call that can reach a server runs under the RPC guard
-    (native/remote.h): a server lost mid-call raises RemoteDeviceError. The
+    (csrc/remote.h): a server lost mid-call raises RemoteDeviceError. The
     connection to that endpoint is then lost for the rest of the process (ggml-rpc keeps
     one connection per endpoint and never reconnects), and the model that used it leaks.
 """
@@ -20,7 +20,7 @@ import socket
 import struct
 from typing import List, Tuple
 
-from ._extension import core
+from ._llamacpp_loader import llamacpp
 from .errors import PolyllamaError, RemoteDeviceError
 
 __all__ = ["DEFAULT_PORT", "DEFAULT_TIMEOUT", "parse_endpoint", "probe", "add_rpc_server",
@@ -33,8 +33,8 @@ DEFAULT_PORT = 50052
 DEFAULT_TIMEOUT = 300.0
 # RPC_PROTO_MAJOR_VERSION / RPC_PROTO_MINOR_VERSION of the ggml-rpc.h the extension was
 # compiled with. ggml accepts a server with the same major and a minor not above its own.
-PROTO_MAJOR = core.RPC_PROTO_MAJOR
-PROTO_MINOR = core.RPC_PROTO_MINOR
+PROTO_MAJOR = llamacpp.RPC_PROTO_MAJOR
+PROTO_MINOR = llamacpp.RPC_PROTO_MINOR
 _CMD_HELLO = 14          # ggml-rpc.cpp static_asserts this value stays 14 across versions
 _CAPS_SIZE = 24          # RPC_CONN_CAPS_SIZE in ggml-rpc/transport.h
 _HELLO_RSP_SIZE = 4 + _CAPS_SIZE
@@ -106,7 +106,7 @@ def probe(endpoint: str, timeout: float = 5.0) -> Tuple[int, int, int]:
 
 def lost_endpoints() -> List[str]:
     """Endpoints whose connection this process lost (they cannot be used again here)."""
-    return sorted(core.LOST_ENDPOINTS)
+    return sorted(llamacpp.LOST_ENDPOINTS)
 
 
 def add_rpc_server(endpoint: str, timeout: float = 5.0) -> List[str]:
@@ -118,10 +118,10 @@ def add_rpc_server(endpoint: str, timeout: float = 5.0) -> List[str]:
     """
     host, port = parse_endpoint(endpoint)
     endpoint = f"{host}:{port}"
-    if endpoint in core.LOST_ENDPOINTS:
+    if endpoint in llamacpp.LOST_ENDPOINTS:
         raise RemoteDeviceError(
             f"the connection to RPC server {endpoint} was lost earlier in this process, and "
             "ggml-rpc cannot reconnect to an endpoint it lost: restart the rpc-server and use "
             "it from a new process (or serve it on another port)")
     probe(endpoint, timeout)
-    return core.rpc_add_server(endpoint)
+    return llamacpp.rpc_add_server(endpoint)

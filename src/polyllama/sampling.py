@@ -11,7 +11,7 @@ LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 INT32_MAX = (1 << 31) - 1
 # GBNF and JSON schemas: llama.cpp's parsers recurse once per nesting level (a grammar
 # 30,000 parentheses deep overflowed the stack). They run on a thread with a large stack
-# (native/hardening.h); these limits give a clear error long before that matters.
+# (csrc/hardening.h); these limits give a clear error long before that matters.
 MAX_GRAMMAR_NESTING = 10_000
 MAX_GRAMMAR_BYTES = 4 << 20
 MAX_SCHEMA_DEPTH = 1_000
@@ -227,7 +227,7 @@ def is_plain_greedy(params: SamplingParams, grammar: str | None = None) -> bool:
                  and not params.presence_penalty and not params.frequency_penalty)))
 
 
-def _grammar_parse_error(core, model, grammar: str) -> str:
+def _grammar_parse_error(llamacpp, model, grammar: str) -> str:
     """llama.cpp's grammar parser prints where it failed to stderr, not to its log:
     parse the grammar once more with file descriptor 2 captured to get that line."""
     import os
@@ -238,7 +238,7 @@ def _grammar_parse_error(core, model, grammar: str) -> str:
         saved = os.dup(2)
     except (OSError, ValueError):
         return ""
-    probe = core.Sampler(model)
+    probe = llamacpp.Sampler(model)
     try:
         with tempfile.TemporaryFile() as tmp:
             os.dup2(tmp.fileno(), 2)
@@ -262,14 +262,14 @@ def _grammar_parse_error(core, model, grammar: str) -> str:
     return ""
 
 
-def build_sampler(core, model, params: SamplingParams, grammar: str | None = None,
+def build_sampler(llamacpp, model, params: SamplingParams, grammar: str | None = None,
                   lazy_patterns: Sequence[str] | None = None, grammar_prefill: Sequence[int] = ()):
     """A llama.cpp sampler chain for params: bias, penalties, grammar, truncation, pick.
 
     The stage order follows llama.cpp's common sampler. `grammar` (already GBNF) overrides
     params.grammar; it comes from json_schema or from a chat template's tool grammar.
     """
-    s = core.Sampler(model)
+    s = llamacpp.Sampler(model)
     if params.logit_bias:
         s.add_logit_bias(dict(params.logit_bias))
     if params.ignore_eos:
@@ -293,7 +293,7 @@ def build_sampler(core, model, params: SamplingParams, grammar: str | None = Non
             from .errors import GrammarError
             if not isinstance(e, GrammarError):
                 raise
-            raise GrammarError(f"{e}{_grammar_parse_error(core, model, g)}. Check the GBNF syntax: "
+            raise GrammarError(f"{e}{_grammar_parse_error(llamacpp, model, g)}. Check the GBNF syntax: "
                                "rules look like `name ::= \"text\" | other-rule`, and the grammar "
                                "needs a `root` rule.") from None
     if params.temperature <= 0:

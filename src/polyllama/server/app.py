@@ -448,8 +448,8 @@ async def chat_completions(state: ServerState, request: HTTPRequest, body: ChatC
         if schema is not None:
             # a schema llama.cpp cannot use fails in the chat template's code too, where it
             # would read as a template error: check it on its own first
-            from .._extension import core
-            core.json_schema_to_grammar(json.dumps(schema))
+            from .._llamacpp_loader import llamacpp
+            llamacpp.json_schema_to_grammar(json.dumps(schema))
         out: list[Choice] = []
         try:
             for i in range(body.n):

@@ -1,4 +1,4 @@
-# Declarations of polyllama's own C++ layer (native/*.h): the parts of llama.cpp that are
+# Declarations of polyllama's own C++ layer (csrc/*.h): the parts of llama.cpp that are
 # C++ only (libcommon's memory fitting, chat templates, grammars, threadpools), and the
 # guards that keep its aborts, exceptions and lost RPC servers out of Python.
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
@@ -68,7 +68,7 @@ cdef extern from "chat_reply.h" namespace "polyllama" nogil:
                            string & message_json, string & err)
 
 
-# ggml RPC guard (native/remote.h). The *_via calls run on the worker when one is given,
+# ggml RPC guard (csrc/remote.h). The *_via calls run on the worker when one is given,
 # else on the calling thread (a model without remote devices passes NULL).
 cdef extern from "remote.h" namespace "polyllama" nogil:
     cdef enum remote_status:
@@ -102,7 +102,7 @@ cdef extern from "remote.h" namespace "polyllama" nogil:
                        uint32_t n_ctx_min, int * status, double timeout_s, string & err)
 
 
-# The sequence engine (native/engine.h).
+# The sequence engine (csrc/engine.h).
 cdef extern from "engine.h" namespace "polyllama" nogil:
     cdef enum finish_reason:
         FINISH_NONE
@@ -177,7 +177,7 @@ cdef extern from "engine.h" namespace "polyllama" nogil:
         int n_slots()
 
 
-# Hardening (native/hardening.h): aborts, deep recursion and bad ids turned into errors.
+# Hardening (csrc/hardening.h): aborts, deep recursion and bad ids turned into errors.
 cdef extern from "hardening.h" namespace "polyllama" nogil:
     void abort_scope_enter()
     void abort_scope_leave()

@@ -1,9 +1,9 @@
 # cython: language_level=3, boundscheck=False, embedsignature=True
 # distutils: language = c++
-"""polyllama._core: wrappers that own llama.cpp objects (model, context, sampler, batch).
+"""polyllama._llamacpp: wrappers that own llama.cpp objects (model, context, sampler, batch).
 
 The C declarations live in polyllama/includes/*.pxd (one to one with llama.h and
-ggml-backend.h) and _native.pxd (our C++ layer over libcommon). This module turns them
+ggml-backend.h) and includes/csrc.pxd (our C++ layer over libcommon). This module turns them
 into Python objects with clear lifetimes: each class frees what it owns in close() and
 __dealloc__, and every call into llama.cpp that can take long releases the GIL.
 The user-facing API (polyllama.LLM, devices(), ...) is plain Python on top of this.
@@ -25,7 +25,7 @@ from polyllama.includes.ggml_backend cimport *
 from polyllama.includes.llama cimport *
 from polyllama.includes.ggml_rpc cimport (RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION,
                                           ggml_backend_rpc_start_server_t)
-from polyllama cimport _native
+from polyllama.includes cimport csrc
 
 import array
 import json
@@ -39,13 +39,13 @@ from polyllama.errors import (ContextError, DecodeError, GrammarError, Insuffici
 # ---------------------------------------------------------------------------------------
 # the log hook first: backends print while they register (ggml-opencl says why it
 # drops a device), and those lines belong in our log buffer, not on stderr
-_native.log_install()
+csrc.log_install()
 # GGML_ABORT inside a model load, a context creation or a tokenize on the calling thread
-# becomes a failed call instead of abort() (native/hardening.h)
-_native.abort_guard_install()
+# becomes a failed call instead of abort() (csrc/hardening.h)
+csrc.abort_guard_install()
 llama_backend_init()
 ggml_backend_dev_count()
-REGISTRATION_LOG = _native.log_recent_problems().decode("utf-8", "replace")
+REGISTRATION_LOG = csrc.log_recent_problems().decode("utf-8", "replace")
 
 DEVICE_TYPES = {
     GGML_BACKEND_DEVICE_TYPE_CPU: "CPU",
@@ -70,13 +70,13 @@ LOG_LEVELS = {"debug": GGML_LOG_LEVEL_DEBUG, "info": GGML_LOG_LEVEL_INFO,
 
 def set_log_level(str level):
     """Lowest llama.cpp log level echoed to stderr ("debug" … "error", "none")."""
-    _native.log_set_stderr_level(LOG_LEVELS[level])
+    csrc.log_set_stderr_level(LOG_LEVELS[level])
 
 
 cdef str _recent_log_problems():
     """Warnings and errors llama.cpp logged since the last call into it that clears them
-    (a load, a context, a grammar: each starts with _native.log_clear())."""
-    return _native.log_recent_problems().decode("utf-8", "replace")
+    (a load, a context, a grammar: each starts with csrc.log_clear())."""
+    return csrc.log_recent_problems().decode("utf-8", "replace")
 
 
 def clean_log_line(str line):
@@ -91,7 +91,7 @@ def clean_log_line(str line):
 def _failure_reason(string & err):
     """Why a load / context creation failed: llama.cpp's last error line, else the abort
     that escaped its catch, else its last warning."""
-    errors = _native.log_recent_errors().decode("utf-8", "replace").splitlines()
+    errors = csrc.log_recent_errors().decode("utf-8", "replace").splitlines()
     if errors:
         return clean_log_line(errors[-1])
     if err.size():
@@ -102,7 +102,7 @@ def _failure_reason(string & err):
 
 def recent_log_errors():
     """The error lines among _recent_log_problems() (a failed call's reasons)."""
-    return _native.log_recent_errors().decode("utf-8", "replace")
+    return csrc.log_recent_errors().decode("utf-8", "replace")
 
 
 # Objects made before os.fork() are unusable in the child: ggml's worker threads, the
@@ -131,7 +131,7 @@ def system_info():
 
 def device_supports_tensor_bytes(size_t index, uint64_t nbytes):
     """Whether ggml device `index` accepts one F16 tensor of nbytes (its supports_op)."""
-    return _native.device_supports_tensor_bytes(index, nbytes)
+    return csrc.device_supports_tensor_bytes(index, nbytes)
 
 
 def cpu_extra_buffer_types():
@@ -192,8 +192,8 @@ def device_list():
             endpoint = _s(ggml_backend_dev_description(dev))
             if endpoint not in LOST_ENDPOINTS:
                 with nogil:
-                    status = _native.remote_device_memory(dev, &free_mem, &total_mem, timeout, err)
-                if status != _native.REMOTE_OK:
+                    status = csrc.remote_device_memory(dev, &free_mem, &total_mem, timeout, err)
+                if status != csrc.REMOTE_OK:
                     LOST_ENDPOINTS.add(endpoint)
                     free_mem = total_mem = 0
         else:
@@ -349,7 +349,7 @@ cdef class ContextParams:
         return self.c.n_threads
 
 
-cdef list _memory_rows(vector[_native.device_memory] & v):
+cdef list _memory_rows(vector[csrc.device_memory] & v):
     return [{"device": m.device.decode("utf-8", "replace"), "total": m.total, "free": m.free,
              "model": m.model, "context": m.context, "compute": m.compute} for m in v]
 
@@ -360,17 +360,17 @@ def estimate_memory(str path, ModelParams mparams, ContextParams cparams):
     Uses libcommon's common_get_device_memory_data: the model and context are created with
     no_alloc, so nothing is actually allocated.
     """
-    cdef vector[_native.device_memory] rows
+    cdef vector[csrc.device_memory] rows
     cdef uint32_t n_layer = 0, n_ctx_train = 0
     cdef string err
     cdef bytes bpath = path.encode()
     cdef const char * cpath = bpath
     cdef bint ok
-    _native.log_clear()
+    csrc.log_clear()
     with nogil:
-        _native.abort_scope_enter()
-        ok = _native.estimate_device_memory(cpath, &mparams.c, &cparams.c, rows, n_layer, n_ctx_train, err)
-        _native.abort_scope_leave()
+        csrc.abort_scope_enter()
+        ok = csrc.estimate_device_memory(cpath, &mparams.c, &cparams.c, rows, n_layer, n_ctx_train, err)
+        csrc.abort_scope_leave()
     if not ok:
         raise ModelLoadError(f"could not estimate memory for {path}: {err.decode('utf-8', 'replace')}",
                              log=_recent_log_problems())
@@ -384,7 +384,7 @@ def fit_params(str path, ModelParams mparams, ContextParams cparams, margins, in
     "failure" (nothing fits) or raises on error.
     """
     cdef size_t nmax = llama_max_devices()
-    cdef size_t nover = _native.max_tensor_buft_overrides()
+    cdef size_t nover = csrc.max_tensor_buft_overrides()
     cdef size_t * cmargins = <size_t *> malloc(nmax * sizeof(size_t))
     cdef string err
     cdef int status
@@ -397,18 +397,18 @@ def fit_params(str path, ModelParams mparams, ContextParams cparams, margins, in
         mparams._overrides = <llama_model_tensor_buft_override *> malloc(nover * sizeof(llama_model_tensor_buft_override))
         memset(mparams._overrides, 0, nover * sizeof(llama_model_tensor_buft_override))
     cdef double timeout = mparams.remote_timeout
-    cdef int rs = _native.REMOTE_OK
-    _native.log_clear()
+    cdef int rs = csrc.REMOTE_OK
+    csrc.log_clear()
     try:
         with nogil:
-            rs = _native.fit_params_via(cpath, &mparams.c, &cparams.c, mparams._split,
+            rs = csrc.fit_params_via(cpath, &mparams.c, &cparams.c, mparams._split,
                                         mparams._overrides, cmargins, n_ctx_min, &status,
                                         timeout, err)
     finally:
-        if rs == _native.REMOTE_OK or rs == _native.REMOTE_ERROR:
+        if rs == csrc.REMOTE_OK or rs == csrc.REMOTE_ERROR:
             free(cmargins)
         # else: a blocked job may still write into cmargins and mparams; both leak
-    if rs == _native.REMOTE_LOST or rs == _native.REMOTE_TIMEOUT:
+    if rs == csrc.REMOTE_LOST or rs == csrc.REMOTE_TIMEOUT:
         Py_INCREF(mparams)
     _raise_remote(rs, err, "fitting the model to the devices' memory", mparams.devices)
     mparams.c.tensor_split = mparams._split
@@ -419,7 +419,7 @@ def fit_params(str path, ModelParams mparams, ContextParams cparams, margins, in
 
 
 # ---------------------------------------------------------------------------------------
-# ggml RPC guard: turning a lost server into RemoteDeviceError (native/remote.h says how)
+# ggml RPC guard: turning a lost server into RemoteDeviceError (csrc/remote.h says how)
 # ---------------------------------------------------------------------------------------
 def _rpc_endpoints(device_indices):
     """The endpoints of the RPC devices among ggml device indices."""
@@ -435,16 +435,16 @@ def _rpc_endpoints(device_indices):
 
 cdef int _raise_remote(int status, string & err, str what, object device_indices) except -1:
     """Raise RemoteDeviceError for a guarded call that did not finish normally."""
-    if status == _native.REMOTE_OK:
+    if status == csrc.REMOTE_OK:
         return 0
     msg = err.decode("utf-8", "replace")
     endpoints = _rpc_endpoints(device_indices)
     where = ", ".join(endpoints) or "an RPC server"
-    if status == _native.REMOTE_ERROR:
+    if status == csrc.REMOTE_ERROR:
         raise RemoteDeviceError(f"{what} failed on {where}: {msg}")
     # the call is blocked for good: every endpoint it used is lost to this process
     LOST_ENDPOINTS.update(endpoints)
-    if status == _native.REMOTE_TIMEOUT:
+    if status == csrc.REMOTE_TIMEOUT:
         raise RemoteDeviceError(
             f"{what} got no answer from {where} ({msg}); the connection is given up. "
             "Check the rpc-server processes and the network, then create a new LLM "
@@ -480,7 +480,7 @@ cdef class Model:
     # RPC guard (only for models with remote devices): the worker that runs calls which
     # can reach a server, its timeout, and whether a call was given up (then nothing of
     # this model may be freed: a blocked thread still uses it)
-    cdef _native.remote_worker * worker
+    cdef csrc.remote_worker * worker
     cdef readonly double remote_timeout
     cdef public bint lost
     cdef object _params
@@ -501,7 +501,7 @@ cdef class Model:
         cdef const char * cpath = bpath
         cdef llama_model_params p = params.c
         cdef string err
-        cdef int status = _native.REMOTE_OK
+        cdef int status = csrc.REMOTE_OK
         cdef llama_model * loaded = NULL
         self.path = path
         self._params = params            # params.c points into it; a blocked load may read it
@@ -511,12 +511,12 @@ cdef class Model:
         if progress_callback is not None:
             p.progress_callback = <llama_progress_callback> _progress_trampoline
             p.progress_callback_user_data = <void *> self
-        _native.log_clear()
+        csrc.log_clear()
         if self.remote_timeout > 0:
-            self.worker = _native.remote_worker_new()
+            self.worker = csrc.remote_worker_new()
         with nogil:
-            status = _native.model_load_via(self.worker, cpath, p, &loaded, self.remote_timeout, err)
-        if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
+            status = csrc.model_load_via(self.worker, cpath, p, &loaded, self.remote_timeout, err)
+        if status == csrc.REMOTE_LOST or status == csrc.REMOTE_TIMEOUT:
             self.lost = True
             Py_INCREF(self)  # the blocked load holds pointers into this object
         _raise_remote(status, err, "loading the model", params.devices)
@@ -534,7 +534,7 @@ cdef class Model:
         self.vocab = llama_model_get_vocab(self.ptr)
         # what the vocabulary would abort on at the first tokenize, refused now (the
         # vocabulary is in host memory, also for a model on remote devices)
-        problem = _native.vocab_problems(self.ptr).decode("utf-8", "replace")
+        problem = csrc.vocab_problems(self.ptr).decode("utf-8", "replace")
         if problem:
             self._free()
             raise ModelLoadError(f"{path} has an unusable vocabulary: {problem}. The file is damaged "
@@ -553,13 +553,13 @@ cdef class Model:
             return
         if self.ptr != NULL and not self.lost:
             with nogil:
-                status = _native.model_free_via(self.worker, self.ptr, self.remote_timeout, err)
-            if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
+                status = csrc.model_free_via(self.worker, self.ptr, self.remote_timeout, err)
+            if status == csrc.REMOTE_LOST or status == csrc.REMOTE_TIMEOUT:
                 self.lost = True
         # a lost model is leaked on purpose: a thread blocked on its server still uses it
         self.ptr = NULL
         self.vocab = NULL
-        _native.remote_worker_release(self.worker)
+        csrc.remote_worker_release(self.worker)
         self.worker = NULL
 
     cdef int _check(self) except -1:
@@ -701,10 +701,10 @@ cdef class Model:
         cdef int rc
         self._check()
         with nogil:
-            rc = _native.tokenize_checked(self.vocab, ctext, ntext, add_special, parse_special, out, err)
-        if rc == _native.TOKENIZE_TOO_LONG:
+            rc = csrc.tokenize_checked(self.vocab, ctext, ntext, add_special, parse_special, out, err)
+        if rc == csrc.TOKENIZE_TOO_LONG:
             raise ValueError(err.decode("utf-8", "replace") + "; split the text")
-        if rc != _native.TOKENIZE_OK:
+        if rc != csrc.TOKENIZE_OK:
             raise PolyllamaError(f"tokenizing failed: {err.decode('utf-8', 'replace')}. The model's "
                                  "vocabulary cannot represent this text; the model file is faulty")
         return [out[i] for i in range(out.size())]
@@ -753,7 +753,7 @@ cdef class Model:
         """Format messages with the model's Jinja template through libcommon's chat code.
         tool_choice: "auto", "required" or "none"; parallel_tool_calls: 1, 0, or -1 for
         what the template supports."""
-        cdef _native.chat_result res
+        cdef csrc.chat_result res
         cdef string err
         cdef string tmpl = template_override.encode()
         cdef string msgs = messages_json.encode()
@@ -761,22 +761,22 @@ cdef class Model:
         cdef string schema = json_schema.encode()
         cdef string choice = tool_choice.encode()
         cdef bint ok
-        cdef _native.chat_job * job
+        cdef csrc.chat_job * job
         cdef int done = 0
         self._check()
         # parsed while we wait, rendered on a thread we wait for in slices: Ctrl-C ends the
-        # wait (the render finishes in the background); see native/hardening.h
+        # wait (the render finishes in the background); see csrc/hardening.h
         with nogil:
-            job = _native.chat_job_start(self.ptr, tmpl, msgs, tools, schema, add_generation_prompt,
+            job = csrc.chat_job_start(self.ptr, tmpl, msgs, tools, schema, add_generation_prompt,
                                          enable_thinking, choice, parallel_tool_calls)
         try:
             while not done:
                 with nogil:
-                    done = _native.chat_job_wait(job, 0.1)
+                    done = csrc.chat_job_wait(job, 0.1)
                 PyErr_CheckSignals()
-            ok = _native.chat_job_result(job, res, err)
+            ok = csrc.chat_job_result(job, res, err)
         finally:
-            _native.chat_job_release(job)
+            csrc.chat_job_release(job)
         if not ok:
             raise TemplateError(f"chat template failed: {err.decode('utf-8', 'replace')}")
         return {
@@ -828,7 +828,7 @@ def parse_chat_reply(int fmt, str generation_prompt, bytes parser, str text, bin
     cdef string gp = generation_prompt.encode()
     cdef string pp = parser
     cdef string t = text.encode("utf-8", "surrogatepass")
-    if not _native.chat_parse_reply(fmt, gp, pp, t, partial, out, err):
+    if not csrc.chat_parse_reply(fmt, gp, pp, t, partial, out, err):
         raise TemplateError(f"could not parse the reply: {err.decode('utf-8', 'replace')}")
     return json.loads(out.decode("utf-8", "replace"))
 
@@ -839,7 +839,7 @@ def json_schema_to_grammar(str schema_json):
     cdef string s = schema_json.encode()
     cdef bint ok
     with nogil:
-        ok = _native.json_schema_to_gbnf_checked(s, out, err)
+        ok = csrc.json_schema_to_gbnf_checked(s, out, err)
     if not ok:
         raise GrammarError(f"invalid JSON schema: {err.decode('utf-8', 'replace')}")
     return out.decode("utf-8")
@@ -862,10 +862,10 @@ cdef class Context:
     cdef public bint cancel_requested
     cdef readonly int n_vocab
     # RPC guard, as in Model (a context has a worker of its own: decode runs there)
-    cdef _native.remote_worker * worker
+    cdef csrc.remote_worker * worker
     cdef readonly double remote_timeout
     cdef public bint lost
-    cdef _native.threadpools * pools   # persistent CPU threads (freed after the context)
+    cdef csrc.threadpools * pools   # persistent CPU threads (freed after the context)
     cdef int pid                        # the process that made it (see _forked)
 
     def __cinit__(self):
@@ -887,12 +887,12 @@ cdef class Context:
         cdef llama_context * created = NULL
         p.abort_callback = <ggml_abort_callback> _abort_trampoline
         p.abort_callback_data = <void *> self
-        _native.log_clear()
+        csrc.log_clear()
         self.remote_timeout = model.remote_timeout
         if self.remote_timeout > 0:
-            self.worker = _native.remote_worker_new()
+            self.worker = csrc.remote_worker_new()
         with nogil:
-            status = _native.context_init_via(self.worker, model.ptr, p, &created,
+            status = csrc.context_init_via(self.worker, model.ptr, p, &created,
                                               self.remote_timeout, err)
         self._after_remote(status, err, "creating the context")
         self.ptr = created
@@ -906,8 +906,8 @@ cdef class Context:
         self.batch = llama_batch_init(self.batch_cap, 0, self.n_seq_batch)
         if self.worker == NULL:
             # llama.cpp's tools attach persistent CPU threads; without them ggml-cpu starts
-            # and joins threads on every decode (native/threadpools.h)
-            self.pools = _native.threadpools_attach(self.ptr, llama_n_threads(self.ptr),
+            # and joins threads on every decode (csrc/threadpools.h)
+            self.pools = csrc.threadpools_attach(self.ptr, llama_n_threads(self.ptr),
                                                     llama_n_threads_batch(self.ptr), err)
 
     def __dealloc__(self):
@@ -928,8 +928,8 @@ cdef class Context:
             self.batch_cap = 0
         if self.ptr != NULL:
             with nogil:
-                status = _native.context_free_via(self.worker, self.ptr, self.remote_timeout, err)
-            if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
+                status = csrc.context_free_via(self.worker, self.ptr, self.remote_timeout, err)
+            if status == csrc.REMOTE_LOST or status == csrc.REMOTE_TIMEOUT:
                 self.lost = True
                 self.model.lost = True
                 self.batch_cap = 0
@@ -938,13 +938,13 @@ cdef class Context:
             llama_batch_free(self.batch)
             self.batch_cap = 0
         if self.pools != NULL and not self.lost:
-            _native.threadpools_free(self.pools)
+            csrc.threadpools_free(self.pools)
             self.pools = NULL
-        _native.remote_worker_release(self.worker)
+        csrc.remote_worker_release(self.worker)
         self.worker = NULL
 
     cdef int _after_remote(self, int status, string & err, str what) except -1:
-        if status == _native.REMOTE_LOST or status == _native.REMOTE_TIMEOUT:
+        if status == csrc.REMOTE_LOST or status == csrc.REMOTE_TIMEOUT:
             # a thread is blocked inside this context for good: it and its model leak, and
             # this object stays alive for it (it reads the batch and the abort callback)
             self.lost = True
@@ -1003,17 +1003,17 @@ cdef class Context:
         llama_set_n_threads(self.ptr, n_threads, n_threads_batch)
         if self.pools != NULL:   # the pools have a fixed size: new ones for the new counts
             llama_detach_threadpool(self.ptr)
-            _native.threadpools_free(self.pools)
-            self.pools = _native.threadpools_attach(self.ptr, n_threads, n_threads_batch, err)
+            csrc.threadpools_free(self.pools)
+            self.pools = csrc.threadpools_attach(self.ptr, n_threads, n_threads_batch, err)
 
     def memory(self):
         """What this context and its model actually allocated, per device, last row the host."""
         self._check()
-        cdef vector[_native.device_memory] rows
+        cdef vector[csrc.device_memory] rows
         cdef string err
         cdef int status
         with nogil:
-            status = _native.context_memory_via(self.worker, self.ptr, rows, self.remote_timeout, err)
+            status = csrc.context_memory_via(self.worker, self.ptr, rows, self.remote_timeout, err)
         self._after_remote(status, err, "querying device memory")
         return _memory_rows(rows)
 
@@ -1024,7 +1024,7 @@ cdef class Context:
         cdef string err
         cdef int status
         with nogil:
-            status = _native.memory_clear_via(self.worker, self.ptr, self.remote_timeout, err)
+            status = csrc.memory_clear_via(self.worker, self.ptr, self.remote_timeout, err)
         self._after_remote(status, err, "clearing the KV cache")
 
     def seq_rm(self, int seq_id, int p0=-1, int p1=-1):
@@ -1039,7 +1039,7 @@ cdef class Context:
         cdef int status
         self.batch.n_tokens = n
         with nogil:
-            status = _native.decode_via(self.worker, self.ptr, self.batch, &rc, self.remote_timeout, err)
+            status = csrc.decode_via(self.worker, self.ptr, self.batch, &rc, self.remote_timeout, err)
         self._after_remote(status, err, "decoding")
         if rc == 0:
             return 0
@@ -1142,7 +1142,7 @@ cdef class Context:
         if p == NULL:
             raise PolyllamaError(f"no logits at batch index {idx}")
         with nogil:
-            best = _native.argmax_f32(p, n, exclude)
+            best = csrc.argmax_f32(p, n, exclude)
         return best
 
     def top_logprobs(self, int idx, int n):
@@ -1268,16 +1268,16 @@ cdef class Sampler:
         cdef llama_sampler * gs
         cdef string err
         cdef bint ok = True
-        _native.log_clear()
+        csrc.log_clear()
         for p in lazy_patterns or ():
             pats.push_back(p.encode())
         with nogil:
-            gs = _native.grammar_init_checked(self.model.vocab, g, r, pats, err)
+            gs = csrc.grammar_init_checked(self.model.vocab, g, r, pats, err)
         if gs != NULL and prefill:
             for t in prefill:
                 pre.push_back(t)
             with nogil:
-                ok = _native.grammar_prefill(gs, self.model.vocab, pre, err)
+                ok = csrc.grammar_prefill(gs, self.model.vocab, pre, err)
             if not ok:
                 llama_sampler_free(gs)
                 raise GrammarError(f"the chat template's generation prompt does not fit the output grammar "
@@ -1347,7 +1347,7 @@ def rpc_add_server(str endpoint, double timeout=30.0):
     """Connect to an rpc-server and register its devices with ggml; return their ggml names.
 
     ggml-rpc aborts the process when it cannot connect; here the connection is made on a
-    guarded worker (native/remote.h), so a failure raises RemoteDeviceError. The caller
+    guarded worker (csrc/remote.h), so a failure raises RemoteDeviceError. The caller
     should still probe the endpoint first (polyllama.rpc.probe): it has a connect timeout,
     ggml does not. Adding an endpoint again returns the same devices: ggml-rpc keeps one
     registry per endpoint, and it is registered with ggml only once.
@@ -1358,11 +1358,11 @@ def rpc_add_server(str endpoint, double timeout=30.0):
     cdef ggml_backend_reg_t reg = NULL
     cdef string err
     cdef int status
-    _native.remote_guard_install()
+    csrc.remote_guard_install()
     with nogil:
-        status = _native.remote_add_server(fn, c, &reg, timeout, err)
-    if status != _native.REMOTE_OK:
-        if status != _native.REMOTE_ERROR:
+        status = csrc.remote_add_server(fn, c, &reg, timeout, err)
+    if status != csrc.REMOTE_OK:
+        if status != csrc.REMOTE_ERROR:
             LOST_ENDPOINTS.add(endpoint)
         raise RemoteDeviceError(f"could not add RPC server {endpoint}: "
                                 f"{err.decode('utf-8', 'replace').strip()}")
