@@ -155,6 +155,18 @@ def _first_exe(candidates: List[Tuple[str, Optional[str]]]) -> Tuple[Optional[st
     return None, ""
 
 
+def _find_tool(name: str, env: Mapping[str, str], root_vars: Tuple[str, ...],
+               roots: Tuple[str, ...]) -> Tuple[Optional[str], str]:
+    """An SDK's compiler: <$VAR>/bin/<name> for each of root_vars, then PATH, then
+    <root>/bin/<name> for each fixed root (under the fake root in tests). (path, how) or
+    (None, "")."""
+    candidates: List[Tuple[str, Optional[str]]] = [
+        (f"${var}", os.path.join(env[var], "bin", name)) for var in root_vars if env.get(var)]
+    candidates.append(("PATH", _which(name, env)))
+    candidates += [(root, host_path(f"{root}/bin/{name}", env)) for root in roots]
+    return _first_exe(candidates)
+
+
 def _run(argv: List[str], env: Mapping[str, str], timeout: float = TOOL_TIMEOUT_S) -> Tuple[Optional[int], str]:
     """Run a probe: (exit status, stdout+stderr). Status None when it did not run to the end.
 
@@ -311,13 +323,7 @@ def detect_rpc(env: Optional[Mapping[str, str]] = None) -> SdkInfo:
 def detect_cuda(env: Optional[Mapping[str, str]] = None) -> SdkInfo:
     env = _environ(env)
     info = SdkInfo("cuda", False)
-    candidates: List[Tuple[str, Optional[str]]] = []
-    for var in ("CUDA_PATH", "CUDA_HOME"):
-        if env.get(var):
-            candidates.append((f"${var}", os.path.join(env[var], "bin", "nvcc")))
-    candidates.append(("PATH", _which("nvcc", env)))
-    candidates.append(("/usr/local/cuda", host_path("/usr/local/cuda/bin/nvcc", env)))
-    nvcc, how = _first_exe(candidates)
+    nvcc, how = _find_tool("nvcc", env, ("CUDA_PATH", "CUDA_HOME"), ("/usr/local/cuda",))
     if nvcc is None:
         info.missing.append("nvcc (the CUDA compiler) not found in $CUDA_PATH/bin, $CUDA_HOME/bin, "
                             "on PATH or in /usr/local/cuda/bin")
@@ -466,14 +472,7 @@ def _hip_cmake_version(config: str) -> Optional[str]:
 def detect_hip(env: Optional[Mapping[str, str]] = None) -> SdkInfo:
     env = _environ(env)
     info = SdkInfo("hip", False)
-    candidates: List[Tuple[str, Optional[str]]] = []
-    for var in ("ROCM_PATH", "HIP_PATH"):
-        if env.get(var):
-            candidates.append((f"${var}", os.path.join(env[var], "bin", "hipcc")))
-    candidates.append(("PATH", _which("hipcc", env)))
-    candidates.append(("/opt/rocm", host_path("/opt/rocm/bin/hipcc", env)))
-    candidates.append(("/usr/bin", host_path("/usr/bin/hipcc", env)))  # Debian's hipcc package
-    hipcc, _ = _first_exe(candidates)
+    hipcc, _ = _find_tool("hipcc", env, ("ROCM_PATH", "HIP_PATH"), ("/opt/rocm", "/usr"))  # /usr: Debian's
     root = None
     if hipcc is None:
         info.missing.append("hipcc (the ROCm HIP compiler) not found in $ROCM_PATH/bin, $HIP_PATH/bin, "
