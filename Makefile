@@ -29,7 +29,7 @@ PYTEST_ARGS ?=
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: build setup show-backends model run test bench wheel clean reset help venv lock
+.PHONY: build setup show-backends model run test bench sdist wheel test-wheel index clean reset help venv lock
 
 help:
 	@echo "make run            build (default backends), fetch the model, show devices, generate"
@@ -38,7 +38,12 @@ help:
 	@echo "make build-<b>      b = $(shell $(BUILDCONFIG) target-names)"
 	@echo "make show-backends  flags, SDK detection, and what the built extension contains"
 	@echo "make venv           create or update the project's .venv (build tools, test and server extras)"
-	@echo "make model | bench | wheel | lock | clean | reset"
+	@echo "make sdist          dist/polyllama-<v>.tar.gz, carrying the pinned llama.cpp (builds offline)"
+	@echo "make wheel          a portable wheel for the GGML_* flags, built offline from the sdist,"
+	@echo "                    repaired by auditwheel, in dist/<variant>/ (docs/INSTALL.md)"
+	@echo "make test-wheel     the test suite against that wheel installed into a fresh venv"
+	@echo "make index          dist/index/<variant>/: PEP 503 indexes for pip --index-url"
+	@echo "make model | bench | lock | clean | reset"
 
 # the environment: checked and (re)installed only when pyproject.toml or the lock changed
 venv: $(DEVENV)
@@ -87,8 +92,19 @@ test: build model
 bench: build model
 	$(PYRUN) benchmarks/bench_cpu.py --rounds 3
 
-wheel: setup
-	$(PYTHON) -m pip wheel --no-deps -w dist .
+# Distributions (buildtools/wheel.py; docs/INSTALL.md)
+sdist: setup
+	$(PYTHON) buildtools/wheel.py sdist
+
+wheel: sdist
+	$(PYTHON) buildtools/wheel.py build
+
+# the test suite against that wheel, installed into a fresh venv (build/wheel-venv)
+test-wheel: setup model
+	$(PYTHON) buildtools/wheel.py test -- $(PYTEST_ARGS)
+
+index:
+	$(PYTHON) buildtools/wheel.py index
 
 clean:
 	rm -rf build dist src/polyllama/_llamacpp*.so src/polyllama/build_info.json

@@ -138,6 +138,11 @@ def _platform(env: Mapping[str, str]) -> str:
     return env.get("POLYLLAMA_FAKE_PLATFORM") or sys.platform
 
 
+def _machine(env: Mapping[str, str]) -> str:
+    import platform
+    return (env.get("POLYLLAMA_FAKE_MACHINE") or platform.machine()).lower()
+
+
 def _is_exe(path: Optional[str]) -> bool:
     return bool(path) and os.path.isfile(path) and os.access(path, os.X_OK)
 
@@ -1070,6 +1075,16 @@ def resolve(env: Optional[Mapping[str, str]] = None, check: bool = True, *,
         requested[b.name] = _setting(b.flag, env, cmake_defs, is_flag=True)
     native = _setting("GGML_NATIVE", env, cmake_defs, is_flag=True)
     auto = parse_flag("GGML_AUTO", env.get("GGML_AUTO"))
+    # A portable build (what `make wheel` makes) runs on other machines than this one: no
+    # -march=native, GPU code for the GPUs of the table rather than those found here.
+    portable = bool(parse_flag("POLYLLAMA_PORTABLE", env.get("POLYLLAMA_PORTABLE")))
+    if portable and native is None:
+        native = False
+    cuda_runtime = (_setting("POLYLLAMA_CUDA_RUNTIME", env, cmake_defs, is_flag=False) or "shared").lower()
+    if cuda_runtime not in ("shared", "static"):
+        raise BuildConfigError(f"POLYLLAMA_CUDA_RUNTIME={cuda_runtime!r}: use shared (NVIDIA's runtime "
+                               "libraries loaded at run time, from their PyPI wheels in a wheel) or "
+                               "static (cudart and cuBLAS linked into the extension)")
     blas_vendor = _setting("GGML_BLAS_VENDOR", env, cmake_defs, is_flag=False)
     cuda_archs = _setting("CMAKE_CUDA_ARCHITECTURES", env, cmake_defs, is_flag=False)
     gpu_targets = _setting("GPU_TARGETS", env, cmake_defs, is_flag=False)
@@ -1110,12 +1125,22 @@ def resolve(env: Optional[Mapping[str, str]] = None, check: bool = True, *,
     options: Dict[str, str] = {b.flag: _on_off(enabled[b.name]) for b in BACKENDS[1:]}
     if native is not None:
         options["GGML_NATIVE"] = _on_off(native)
+    options["POLYLLAMA_PORTABLE"] = _on_off(portable)
+    if portable and _machine(env) in ("x86_64", "amd64"):
+        # set, not left to ggml's defaults: option() keeps what a cache already holds
+        # (GGML_<ISA> in the environment or CMAKE_ARGS still wins)
+        for isa in _table.CPU_ISA_FLAGS:
+            chosen = _setting(f"GGML_{isa}", env, cmake_defs, is_flag=True)
+            options[f"GGML_{isa}"] = _on_off(isa in _table.PORTABLE_CPU_ISA if chosen is None else chosen)
     if blas_vendor:
         options["GGML_BLAS_VENDOR"] = blas_vendor
     if enabled["cuda"]:
         cuda = sdks.get("cuda")
+        options["POLYLLAMA_CUDA_RUNTIME"] = cuda_runtime
         if cuda_archs:
             options["CMAKE_CUDA_ARCHITECTURES"] = cuda_archs
+        elif portable:
+            options["CMAKE_CUDA_ARCHITECTURES"] = backend_by_name("cuda").portable_archs
         elif cuda is not None and cuda.archs:
             options["CMAKE_CUDA_ARCHITECTURES"] = ";".join(cuda.archs)
             warnings.append(f"CMAKE_CUDA_ARCHITECTURES={options['CMAKE_CUDA_ARCHITECTURES']} taken from this "
@@ -1131,6 +1156,11 @@ def resolve(env: Optional[Mapping[str, str]] = None, check: bool = True, *,
             warnings.append("CMAKE_CUDA_ARCHITECTURES is not set and no NVIDIA GPU was found to take it from, "
                             f"so ggml uses {fallback}; set e.g. CMAKE_CUDA_ARCHITECTURES=90 (H100), "
                             "89 (RTX 40xx) or 86 (RTX 30xx)")
+    if enabled["cuda"] and portable:
+        # NCCL (multi-GPU tensor parallelism) where the build machine has it would put
+        # libnccl (181 MiB) into every wheel; wheels leave it out unless asked for
+        nccl = _setting("GGML_CUDA_NCCL", env, cmake_defs, is_flag=True)
+        options["GGML_CUDA_NCCL"] = _on_off(bool(nccl))
     if enabled["hip"]:
         if gpu_targets:
             options["GPU_TARGETS"] = gpu_targets
@@ -1185,6 +1215,7 @@ def cmake_file_text(config: BuildConfig) -> str:
         kind = "BOOL" if value in ("ON", "OFF") else "STRING"
         lines.append(f'set({name} {_cmake_quote(value)} CACHE {kind} "" FORCE)')
     lines.append(f"set(POLYLLAMA_ENABLED_BACKENDS {_cmake_quote(';'.join(config.enabled_backends))})")
+    lines.append(f"set(POLYLLAMA_CPU_ISA_OPTIONS {_cmake_quote(';'.join(_table.CPU_ISA_FLAGS))})")
     lines.append(f"set(POLYLLAMA_BACKEND_FLAGS {_cmake_quote(';'.join(b.flag for b in BACKENDS if b.name != 'cpu'))})")
     return "\n".join(lines) + "\n"
 

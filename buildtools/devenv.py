@@ -13,8 +13,8 @@ that is /usr/bin/python3: nothing pip-installed, "externally managed"). It
    compiler (build-essential) and CMake >= 3.21, each failure naming the package;
 2. creates VENV (default .venv; the active one when $VIRTUAL_ENV is set) unless it exists;
 3. installs into it what pyproject.toml declares, and nothing else: the build
-   requirements ([build-system] requires) and the `test` and `server` extras, with the
-   exact versions of requirements-dev.lock as constraints;
+   requirements ([build-system] requires), the `test` and `server` extras and the `dist`
+   dependency group (wheels), with the exact versions of requirements-dev.lock as constraints;
 4. writes a stamp holding a digest of pyproject.toml and the lock, so the next run
    returns at once unless either changed.
 
@@ -43,6 +43,7 @@ PYPROJECT = ROOT / "pyproject.toml"
 LOCK = ROOT / "requirements-dev.lock"
 STAMP = ".polyllama-devenv"
 EXTRAS = ("test", "server")
+GROUPS = ("dist",)
 MIN_PYTHON = (3, 9)
 MIN_CMAKE = (3, 21)
 APT_HINT = "sudo apt-get install build-essential cmake git python3-dev python3-venv"
@@ -109,13 +110,18 @@ def _strip_comment(line: str) -> str:
 
 
 def requirements() -> list[str]:
-    """Build requirements and the development extras, as pyproject.toml writes them."""
+    """Build requirements, the development extras and groups, as pyproject.toml writes them."""
     arrays = _toml_arrays(PYPROJECT.read_text(encoding="utf-8"))
     reqs = list(arrays.get("build-system.requires", []))
     for extra in EXTRAS:
         name = f"project.optional-dependencies.{extra}"
         if name not in arrays:
             raise DevenvError(f"pyproject.toml has no [project.optional-dependencies] {extra}")
+        reqs += arrays[name]
+    for group in GROUPS:
+        name = f"dependency-groups.{group}"
+        if name not in arrays:
+            raise DevenvError(f"pyproject.toml has no [dependency-groups] {group}")
         reqs += arrays[name]
     return list(dict.fromkeys(reqs))
 

@@ -201,6 +201,12 @@ def ensure_llama_cpp(dest: Path = DEFAULT_DEST, sdist: Path | None = None,
     if sdist is None and dest.is_dir() and stamp_matches(dest, pin, patch_dir):
         return dest
     if sdist is None:
+        if (ROOT / "PKG-INFO").is_file():
+            # an unpacked polyllama sdist carries the tree; building one must not go online
+            raise FetchError(f"this polyllama sdist should carry the pinned llama.cpp in {dest}, "
+                             "but it is missing or does not match thirdparty/llama.cpp.pin.json; "
+                             "nothing is downloaded while building an sdist (get a complete one, "
+                             "or set LLAMA_CPP_DIR to a llama.cpp tree)")
         sdist = download_sdist(pin, cache_dir() / "sdist")
     unpack(Path(sdist), pin, dest, patch_dir)
     return dest

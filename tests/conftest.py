@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,23 @@ import pytest
 os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
 
 ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+# `make test-wheel` runs this suite against a wheel installed into a fresh venv
+# (POLYLLAMA_TEST_INSTALLED=1): then neither this process nor a child it starts may import
+# the package from src/ (tests/test_wheel.py checks which copy was imported).
+INSTALLED = os.environ.get("POLYLLAMA_TEST_INSTALLED") == "1"
+if INSTALLED:
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != SRC]
+
+
+def child_env(base=None, **extra) -> dict:
+    """The environment of a child Python that must import the same polyllama as the tests:
+    src/ on PYTHONPATH for the development tree, nothing added for an installed wheel."""
+    env = dict(os.environ if base is None else base)
+    if not INSTALLED:
+        env["PYTHONPATH"] = os.pathsep.join([str(SRC), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    env.update(extra)
+    return env
 TOOLS_DIR = Path(os.environ.get("POLYLLAMA_TOOLS_DIR", ROOT / "build" / "cmake" / "bin"))
 THREADS = 2
 

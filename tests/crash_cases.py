@@ -528,9 +528,11 @@ def prepare_files(files_dir: Path) -> None:
         (files_dir / "qwen2.5.jinja").write_text(qwen.read_text(encoding="utf-8"), encoding="utf-8")
 
 
-def run_case(case: Case, model: str, files_dir: Path, src: Path = ROOT / "src") -> Outcome:
+def run_case(case: Case, model: str, files_dir: Path, src: Path | None = ROOT / "src") -> Outcome:
+    """src: the polyllama source tree the child imports; None: the installed package."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")])
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")])
     env["GGML_NO_BACKTRACE"] = "1"      # ggml would run gdb for a backtrace on abort: slow
     env["CASE_MODEL"] = model
     env["CASE_FILES"] = str(files_dir)

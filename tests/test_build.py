@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from polyllama.backend_table import BACKENDS
+from conftest import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS = {b.name: b.flag for b in BACKENDS if b.name != "cpu"}
@@ -154,7 +155,7 @@ def test_prompt_through_the_amx_tile_kernels(model_path):
             "llm = LLM(sys.argv[1], backend='cpu', n_threads=2, n_ctx=1024)\n"
             "r = llm.generate(' '.join(f'word{i}' for i in range(100)), max_tokens=4, ignore_eos=True)\n"
             "print(r.prompt_tokens, r.generated_tokens)\n")
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = child_env()
     r = subprocess.run([sys.executable, "-c", code, model_path], capture_output=True, text=True,
                        env=env, timeout=300, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
@@ -163,7 +164,7 @@ def test_prompt_through_the_amx_tile_kernels(model_path):
 
 
 def run_cli(*args, timeout=300):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = child_env()
     return subprocess.run([sys.executable, "-m", "polyllama", *args], capture_output=True, text=True,
                           env=env, timeout=timeout, stdin=subprocess.DEVNULL)
 

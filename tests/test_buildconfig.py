@@ -962,8 +962,8 @@ def test_resolve_no_flags_is_cpu_only(fake):
     cfg = bc.resolve(fake.env)
     assert cfg.enabled == {b.name: b.name == "cpu" for b in bc.BACKENDS}
     assert cfg.enabled_backends == ["cpu"]
-    assert cfg.options == {flag: "OFF" for flag in FLAGS}
-    assert cfg.cmake_args() == [f"-D{flag}=OFF" for flag in FLAGS]
+    assert cfg.options == {**{flag: "OFF" for flag in FLAGS}, "POLYLLAMA_PORTABLE": "OFF"}
+    assert cfg.cmake_args() == [f"-D{flag}=OFF" for flag in FLAGS] + ["-DPOLYLLAMA_PORTABLE=OFF"]
     assert all(v is None for v in cfg.requested.values())
     assert cfg.sdks == {}  # nothing requested, nothing detected
 
@@ -1245,8 +1245,11 @@ def test_cli_cmake_file(fake, tmp_path):
         'set(GGML_OPENCL "OFF" CACHE BOOL "" FORCE)',
         'set(GGML_RPC "OFF" CACHE BOOL "" FORCE)',
         'set(GGML_BLAS "OFF" CACHE BOOL "" FORCE)',
+        'set(POLYLLAMA_PORTABLE "OFF" CACHE BOOL "" FORCE)',
+        'set(POLYLLAMA_CUDA_RUNTIME "shared" CACHE STRING "" FORCE)',
         'set(CMAKE_CUDA_ARCHITECTURES "90" CACHE STRING "" FORCE)',
         'set(POLYLLAMA_ENABLED_BACKENDS "cpu;cuda")',
+        'set(POLYLLAMA_CPU_ISA_OPTIONS "SSE42;AVX;AVX2;BMI2;FMA;F16C;AVX_VNNI;AVX512;AVX512_VBMI;AVX512_VNNI;AVX512_BF16;AMX_TILE;AMX_INT8;AMX_BF16")',
         'set(POLYLLAMA_BACKEND_FLAGS "GGML_CUDA;GGML_HIP;GGML_SYCL;GGML_METAL;GGML_VULKAN;GGML_OPENCL;GGML_RPC;GGML_BLAS")',
     ]
     assert "FOO" not in out.read_text().replace("CMAKE_ARGS", "")  # pass-through left to make and scikit-build-core
@@ -1293,3 +1296,71 @@ def test_cli_runs_from_any_directory(fake, tmp_path):
 def test_cli_unknown_command(fake):
     r = run_cli(fake, "frobnicate")
     assert r.returncode == 2
+
+
+# --------------------------------------------------------------------------------------
+# portable builds (make wheel) and the wheel's dependencies
+# --------------------------------------------------------------------------------------
+
+def test_portable_build_targets_the_table_not_this_machine(fake):
+    from polyllama.backend_table import CPU_ISA_FLAGS, PORTABLE_CPU_ISA, by_name
+    fake.tool("nvcc", "Cuda compilation tools, release 12.4, V12.4.131")
+    fake.nvidia_smi()   # an H100 here: a local build would compile for 90 alone
+    env = {**fake.env, "GGML_CUDA": "1", "POLYLLAMA_PORTABLE": "1", "POLYLLAMA_FAKE_MACHINE": "x86_64"}
+    cfg = bc.resolve(env)
+    assert cfg.options["GGML_NATIVE"] == "OFF" and cfg.options["POLYLLAMA_PORTABLE"] == "ON"
+    assert cfg.options["CMAKE_CUDA_ARCHITECTURES"] == by_name("cuda").portable_archs
+    assert cfg.options["GGML_CUDA_NCCL"] == "OFF"
+    assert bc.resolve({**env, "GGML_CUDA_NCCL": "1"}).options["GGML_CUDA_NCCL"] == "ON"
+    assert {k: v for k, v in cfg.options.items() if k[5:] in CPU_ISA_FLAGS} == {
+        f"GGML_{isa}": "ON" if isa in PORTABLE_CPU_ISA else "OFF" for isa in CPU_ISA_FLAGS}
+    # what the user sets still wins
+    cfg = bc.resolve({**env, "GGML_AVX512": "1", "CMAKE_CUDA_ARCHITECTURES": "89", "GGML_NATIVE": "1"})
+    assert cfg.options["GGML_AVX512"] == "ON" and cfg.options["CMAKE_CUDA_ARCHITECTURES"] == "89"
+    assert cfg.options["GGML_NATIVE"] == "ON"
+    # a local build names no instruction set (-march=native) and takes this machine's GPU
+    cfg = bc.resolve({**env, "POLYLLAMA_PORTABLE": "0"})
+    assert "GGML_NATIVE" not in cfg.options and "GGML_CUDA_NCCL" not in cfg.options and not any(k[5:] in CPU_ISA_FLAGS for k in cfg.options)
+    assert cfg.options["CMAKE_CUDA_ARCHITECTURES"] == "90"
+
+
+def test_cuda_runtime_setting(fake):
+    fake.tool("nvcc", "Cuda compilation tools, release 12.4, V12.4.131")
+    env = {**fake.env, "GGML_CUDA": "1", "CMAKE_CUDA_ARCHITECTURES": "90"}
+    assert bc.resolve(env).options["POLYLLAMA_CUDA_RUNTIME"] == "shared"
+    assert bc.resolve({**env, "POLYLLAMA_CUDA_RUNTIME": "STATIC"}).options["POLYLLAMA_CUDA_RUNTIME"] == "static"
+    with pytest.raises(bc.BuildConfigError, match=r"POLYLLAMA_CUDA_RUNTIME='dynamic': use shared"):
+        bc.resolve({**env, "POLYLLAMA_CUDA_RUNTIME": "dynamic"})
+    assert "POLYLLAMA_CUDA_RUNTIME" not in bc.resolve(fake.env).options
+
+
+@pytest.mark.parametrize("release, expected", [
+    ("12.4", ["nvidia-cuda-runtime-cu12>=12.0", "nvidia-cublas-cu12>=12.0"]),
+    ("13.0", ["nvidia-cuda-runtime>=13.0,<14", "nvidia-cublas>=13.0,<14"]),
+])
+def test_wheel_depends_on_nvidia_runtime_wheels_of_its_toolkit(fake, release, expected):
+    from buildtools import wheel_metadata
+    fake.tool("nvcc", f"Cuda compilation tools, release {release}, V{release}.1")
+    env = {**fake.env, "GGML_CUDA": "1", "CMAKE_CUDA_ARCHITECTURES": "90"}
+    assert wheel_metadata.runtime_dependencies(env) == expected
+    assert wheel_metadata.runtime_dependencies({**env, "POLYLLAMA_CUDA_RUNTIME": "static"}) == []
+    assert wheel_metadata.runtime_dependencies(fake.env) == []
+
+
+def test_wheel_for_an_unknown_cuda_major_is_refused(fake):
+    from buildtools import wheel_metadata
+    fake.tool("nvcc", "Cuda compilation tools, release 11.8, V11.8.89")
+    with pytest.raises(ValueError, match=r"no NVIDIA runtime wheels are known for CUDA '11.8' \(known: 12, 13\); "
+                                         "build with POLYLLAMA_CUDA_RUNTIME=static"):
+        wheel_metadata.runtime_dependencies({**fake.env, "GGML_CUDA": "1", "CMAKE_CUDA_ARCHITECTURES": "86"})
+
+
+def test_variant_names_and_what_a_wheel_leaves_out():
+    from buildtools import wheel as w
+    assert w.variant_of({"backends": ["cpu"]}) == "cpu"
+    assert w.variant_of({"backends": ["cpu", "vulkan", "opencl", "rpc"]}) == "vulkan-opencl-rpc"
+    info = {"backends": ["cpu", "cuda", "vulkan"], "cuda_version": "13.0.88", "cuda_runtime": "shared"}
+    assert w.variant_of(info) == "cu13-vulkan"
+    assert w.excluded_libs(info) == ["libcuda.so.1", "libvulkan.so.1",
+                                     "libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13"]
+    assert w.excluded_libs({**info, "cuda_runtime": "static"}) == ["libcuda.so.1", "libvulkan.so.1"]

@@ -14,7 +14,7 @@ import tomllib
 
 import pytest
 
-from conftest import ROOT, THREADS
+from conftest import ROOT, THREADS, TOOLS_DIR, child_env
 
 from polyllama import cli
 
@@ -22,7 +22,7 @@ PROMPT = "The capital of France is"
 
 
 def run_cli(*args, stdin=None, timeout=300):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = child_env()
     return subprocess.run([sys.executable, "-m", "polyllama", *args], capture_output=True, text=True,
                           env=env, timeout=timeout, input=stdin,
                           stdin=subprocess.DEVNULL if stdin is None else None)
@@ -176,7 +176,7 @@ def test_bench_rounds_report_medians_and_ratios(model_path, tmp_path, capsys):
     gives per-round ratios as a median with a range, the JSON keeps every round."""
     out_json = tmp_path / "bench.json"
     rc = cli.main(["bench", "-m", model_path, "-t", str(THREADS), "-p", "16", "-n", "8", "-r", "1",
-                   "--rounds", "2", "--json", str(out_json)])
+                   "--rounds", "2", "--json", str(out_json), "--llama-bench-dir", str(TOOLS_DIR)])
     out = capsys.readouterr()
     assert rc == 0, out.err
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]

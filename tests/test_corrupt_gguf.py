@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from gguf_corpus import build_corpus, write_semantic_variants
+from conftest import child_env
 
 HERE = Path(__file__).resolve().parent
 PER_FILE_TIMEOUT_S = 30
@@ -35,7 +36,7 @@ def load_all(paths: list[str], log_dir: Path, tokenizer: bool = False) -> dict[i
     env = dict(os.environ)
     env["GGUF_WORKER_TOKENIZER"] = "1" if tokenizer else "0"
     env["GGML_NO_BACKTRACE"] = "1"   # ggml would run gdb for a backtrace on abort: slow
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
+    env = child_env(env)
     results: dict[int, dict] = {}
     start = 0
     attempt = 0

@@ -16,6 +16,7 @@ import os
 import pytest
 
 from crash_cases import CASES, prepare_files, run_case
+from conftest import INSTALLED, SRC
 
 HEAVY = os.environ.get("POLYLLAMA_HEAVY_TESTS") == "1"
 
@@ -31,7 +32,7 @@ def case_files(tmp_path_factory):
 def test_adversarial_input_ends_in_a_documented_error(case, model_path, case_files):
     if case.heavy and not HEAVY:
         pytest.skip("heavy: set POLYLLAMA_HEAVY_TESTS=1")
-    outcome = run_case(case, model_path, case_files)
+    outcome = run_case(case, model_path, case_files, src=None if INSTALLED else SRC)
     assert outcome.verdict == "pass", f"[{case.klass}] {case.name}: {outcome.verdict}: {outcome.detail}"
 
 

@@ -105,15 +105,18 @@ def test_each_gpu_backend_runs_and_agrees_with_cpu(gpu_model, backend):
             # a random-weight model's logits are nearly flat: after the first token the
             # greedy paths may part on rounding alone (seen on the H100, 2026-11-23: the
             # second token differed). So each later GPU token is checked against the CPU's
-            # logits for the same prefix: it must be among the CPU's 5 most likely.
+            # logits for the same prefix: its logit must be among the CPU's 5 highest values.
+            # Values, not token ids: make_random_model.py tiles its random pool, so groups of
+            # tokens have equal logits and the 5 highest ids can all be one tied value (seen
+            # with the portable wheel on the H100, 2026-11-25: the CPU's top 5 were 3202 + k*8192).
             toks = gpu.generate(prompt, max_tokens=4).tokens
             assert toks[0] == ref_tokens[0]
             with LLM(gpu_model, backend="cpu", n_ctx=512) as cpu:
                 ids = cpu.tokenize(prompt)
                 for i in range(1, len(toks)):
                     lg = cpu.logits(ids + toks[:i])
-                    top5 = sorted(range(len(lg)), key=lg.__getitem__, reverse=True)[:5]
-                    assert toks[i] in top5, (i, toks, top5)
+                    top5 = sorted(set(lg), reverse=True)[:5]
+                    assert lg[toks[i]] >= top5[-1], (i, toks, lg[toks[i]], top5)
 
 
 def test_fit_offloads_fewer_layers_when_memory_is_short(gpu_model):

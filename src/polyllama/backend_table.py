@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
 __all__ = ["Backend", "BACKENDS", "BACKEND_NAMES", "AUTO_ORDER", "by_name", "by_registry",
-           "host_path", "parse_vulkaninfo_summary"]
+           "host_path", "parse_vulkaninfo_summary", "CPU_ISA_FLAGS", "PORTABLE_CPU_ISA", "CUDA_RUNTIME_WHEELS",
+           "cuda_runtime_wheels"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,13 @@ class Backend:
     log_prefix: str = ""
     no_registry_hint: str = ""    # compiled in, registry absent: what to look at
     no_device_hint: str = ""      # compiled in, no device: what it accepts
+    # A portable build (POLYLLAMA_PORTABLE=1, what `make wheel` makes): the GPU code it
+    # compiles, where a local build compiles for the GPUs it finds (docs/INSTALL.md)
+    portable_archs: str = ""
+    # Shared libraries of the user's system (drivers, ICD loaders) that the extension links
+    # and a wheel must not carry, each with what provides it: auditwheel leaves them out, and
+    # the package names the provider when one is missing (docs/INSTALL.md)
+    system_libs: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def make_target(self) -> str:
@@ -60,7 +68,10 @@ BACKENDS: Tuple[Backend, ...] = (
             "`apt-get install cuda-toolkit` (or the distribution's nvidia-cuda-toolkit), elsewhere "
             "https://developer.nvidia.com/cuda-downloads; set CUDA_HOME if nvcc is neither on PATH "
             "nor in /usr/local/cuda.",
-            offload=True, auto_rank=1, log_prefix="ggml_cuda_init:"),
+            offload=True, auto_rank=1, log_prefix="ggml_cuda_init:",
+            # real code for Turing to Hopper (RTX 20xx .. H100/H200), PTX of 90 for newer GPUs
+            portable_archs="75-real;80-real;86-real;89-real;90-real;90-virtual",
+            system_libs=(("libcuda.so.1", "the NVIDIA driver (`nvidia-smi` works where it is installed)"),)),
     Backend("hip", "GGML_HIP", "ROCm", "HIP (AMD ROCm)", "ROCm HIP SDK",
             "ROCm >= 6.1 with hipBLAS and rocBLAS: on Debian sid `apt-get install hipcc libamdhip64-dev "
             "libhipblas-dev librocblas-dev` (HIP 6.4 in /usr; Debian 13's 5.7 is too old); elsewhere add AMD's "
@@ -81,12 +92,14 @@ BACKENDS: Tuple[Backend, ...] = (
             "vulkaninfo); Debian 12's Vulkan headers (1.3.239) are too old for ggml-vulkan, "
             "`scripts/setup.sh --vulkan-headers` fetches Debian 13's into the cache. Elsewhere install "
             "the LunarG Vulkan SDK and set VULKAN_SDK.",
-            offload=True, auto_rank=4,
+            offload=True, auto_rank=4, system_libs=(("libvulkan.so.1", "the Vulkan loader (apt-get install libvulkan1) and a "
+                                                     "Vulkan driver (mesa-vulkan-drivers, or the GPU vendor's)"),),
             no_registry_hint="the Vulkan loader found no usable driver; VK_LOADER_DEBUG=error shows why"),
     Backend("opencl", "GGML_OPENCL", "OpenCL", "OpenCL", "OpenCL SDK",
             "`apt-get install ocl-icd-opencl-dev opencl-headers clinfo` plus the GPU vendor's OpenCL "
             "driver (e.g. intel-opencl-icd); set OCL_ROOT for an SDK outside /usr.",
-            offload=True, auto_rank=6,
+            offload=True, auto_rank=6, system_libs=(("libOpenCL.so.1", "an OpenCL ICD loader (apt-get install ocl-icd-libopencl1) "
+                                                     "and the GPU vendor's OpenCL driver"),),
             no_device_hint="ggml-opencl accepts only Adreno/Qualcomm and Intel GPUs "
                            "with OpenCL C >= 2.0 and cl_khr_fp16"),
     Backend("rpc", "GGML_RPC", "RPC", "RPC (remote ggml servers)", "RPC backend",
@@ -102,6 +115,44 @@ BACKEND_NAMES: Tuple[str, ...] = tuple(b.name for b in BACKENDS)
 # backend="auto"'s order, and GGML_AUTO's candidates
 AUTO_ORDER: Tuple[str, ...] = tuple(b.name for b in sorted((b for b in BACKENDS if b.auto_rank),
                                                            key=lambda b: b.auto_rank))
+
+# ggml-cpu's x86 instruction-set options (GGML_<ISA>) and the /proc/cpuinfo flag each
+# needs. A portable build (GGML_NATIVE=OFF) records those it compiled with in
+# build_info.json, and the package checks them before it loads the extension: a CPU
+# without them would die of SIGILL instead of reading an error.
+CPU_ISA_FLAGS: Mapping[str, str] = {
+    "SSE42": "sse4_2", "AVX": "avx", "AVX2": "avx2", "BMI2": "bmi2", "FMA": "fma", "F16C": "f16c",
+    "AVX_VNNI": "avx_vnni", "AVX512": "avx512f", "AVX512_VBMI": "avx512vbmi",
+    "AVX512_VNNI": "avx512_vnni", "AVX512_BF16": "avx512_bf16",
+    "AMX_TILE": "amx_tile", "AMX_INT8": "amx_int8", "AMX_BF16": "amx_bf16",
+}
+
+# What a portable build (`make wheel`) asks of an x86-64 CPU: x86-64-v3 (Haswell, Zen 1 and
+# later). The other options of CPU_ISA_FLAGS stay off there; a local build uses -march=native.
+PORTABLE_CPU_ISA: Tuple[str, ...] = ("SSE42", "AVX", "AVX2", "BMI2", "FMA", "F16C")
+
+# The CUDA runtime of a wheel built with POLYLLAMA_CUDA_RUNTIME=shared (the default) comes
+# from NVIDIA's PyPI wheels, as PyTorch's does: by toolkit major version, the requirement
+# the wheel declares and the libraries the package loads from it, in load order.
+CUDA_RUNTIME_WHEELS: Mapping[int, Tuple[Tuple[str, ...], Tuple[str, ...]]] = {
+    12: (("nvidia-cuda-runtime-cu12>=12.0", "nvidia-cublas-cu12>=12.0"),
+         ("libcudart.so.12", "libcublasLt.so.12", "libcublas.so.12")),
+    13: (("nvidia-cuda-runtime>=13.0,<14", "nvidia-cublas>=13.0,<14"),
+         ("libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13")),
+}
+
+
+def cuda_runtime_wheels(version: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """(requirements, sonames) for the CUDA toolkit `version` ("13.0.48"); ValueError for a
+    major version this table does not know."""
+    try:
+        major = int(version.split(".")[0])
+        return CUDA_RUNTIME_WHEELS[major]
+    except (ValueError, KeyError):
+        raise ValueError(f"no NVIDIA runtime wheels are known for CUDA {version!r} (known: "
+                         f"{', '.join(str(k) for k in CUDA_RUNTIME_WHEELS)}); build with "
+                         "POLYLLAMA_CUDA_RUNTIME=static") from None
+
 
 _BY_NAME = {b.name: b for b in BACKENDS}
 _BY_REGISTRY = {b.registry.lower(): b for b in BACKENDS}

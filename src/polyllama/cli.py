@@ -226,6 +226,15 @@ def cmd_info(args) -> int:
     print(f"compiled backends: {', '.join(info['backends'])}")
     print(f"CPU weight layouts: {', '.join(info['cpu_weight_buffers']) or 'plain only'}; "
           f"AMX: {info.get('cpu_amx', 'not recorded')}")
+    if info.get("portable"):
+        print(f"portable build (a wheel): ggml-cpu for {'/'.join(info.get('cpu_isa') or ['baseline'])}"
+              + (f", CUDA for {info['flags'].get('CMAKE_CUDA_ARCHITECTURES')}" if "cuda" in info["backends"] else ""))
+    else:
+        print("local build: ggml-cpu for this machine's CPU (GGML_NATIVE)")
+    if info.get("cuda_version"):
+        how = ("NVIDIA's runtime wheels or the toolkit, loaded at run time" if info.get("cuda_runtime") == "shared"
+               else "linked into the extension")
+        print(f"CUDA {info['cuda_version']}: cudart and cuBLAS {how}")
     print()
     print(backend_summary())
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 __all__ = [
     "PolyllamaError",
     "ExtensionNotBuiltError",
+    "ExtensionLoadError",
     "BackendError",
     "UnknownBackendError",
     "BackendNotCompiledError",
@@ -40,6 +41,11 @@ class PolyllamaError(Exception):
 
 class ExtensionNotBuiltError(PolyllamaError, ImportError):
     """The compiled extension polyllama._llamacpp is missing (the package was not built)."""
+
+
+class ExtensionLoadError(PolyllamaError, ImportError):
+    """The extension is installed but cannot run here: the CPU lacks an instruction set the
+    wheel was built with, or a shared library it needs (the CUDA runtime) is missing."""
 
 
 # ---- choosing a backend / device ------------------------------------------------------

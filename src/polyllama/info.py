@@ -1,10 +1,7 @@
 """What this build of polyllama was compiled with, and llama.cpp's logging."""
 from __future__ import annotations
 
-import json
-from importlib import resources
-
-from ._llamacpp_loader import llamacpp
+from ._llamacpp_loader import build_info_file, llamacpp
 
 
 def build_info() -> dict:
@@ -13,7 +10,7 @@ def build_info() -> dict:
     Read from build_info.json, which CMake writes next to the extension when it is
     built, plus what the loaded extension reports about itself at run time.
     """
-    info = json.loads(resources.files(__package__).joinpath("build_info.json").read_text())
+    info = build_info_file()
     info["ggml_version_runtime"] = llamacpp.get_ggml_version()
     info["ggml_commit_runtime"] = llamacpp.get_ggml_commit()
     info["registries"] = llamacpp.registries()
