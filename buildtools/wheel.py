@@ -29,7 +29,6 @@ The Makefile's `sdist`, `wheel`, `test-wheel` and `index` targets run these in t
 from __future__ import annotations
 
 import argparse
-import hashlib
 import html
 import json
 import os
@@ -46,6 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DIST = ROOT / "dist"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import buildconfig  # noqa: E402  (loads src/polyllama/backend_table.py by path)
+sys.path.insert(0, str(ROOT / "scripts"))
+from fetch_llama_cpp import sha256_of  # noqa: E402
 
 _table = buildconfig._table
 PREFIX = "polyllama wheel"
@@ -239,14 +240,6 @@ def test_wheel(wheel: Path, pytest_args: list, venv: Path = ROOT / "build" / "wh
 
 
 # ---- index -------------------------------------------------------------------------------
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _page(title: str, links: list) -> str:
     body = "\n".join(f'    <a href="{html.escape(href)}">{html.escape(text)}</a><br/>' for href, text in links)
     return (f"<!DOCTYPE html>\n<html>\n  <head><meta name=\"pypi:repository-version\" content=\"1.0\">"
@@ -273,7 +266,7 @@ def write_index(dist: Path = DIST) -> Path:
                 os.link(whl, target)
             except OSError:
                 shutil.copy2(whl, target)
-            links.append((f"{whl.name}#sha256={_sha256(whl)}", whl.name))
+            links.append((f"{whl.name}#sha256={sha256_of(whl)}", whl.name))
         (proj / "index.html").write_text(_page("Links for polyllama", links), encoding="utf-8")
         (root / v / "index.html").write_text(_page(f"polyllama {v}", [("polyllama/", "polyllama")]), encoding="utf-8")
         _say(f"dist/index/{v}/: pip install polyllama --index-url file://{(root / v).resolve()}")
