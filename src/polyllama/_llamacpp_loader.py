@@ -87,7 +87,10 @@ def preload_cuda_runtime(info: dict) -> list:
         for d in dirs:
             path = os.path.join(d, soname)
             if os.path.isfile(path):
-                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                try:
+                    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                except OSError:
+                    continue   # a damaged copy: the extension's own load says what is missing
                 loaded.append(path)
                 break
     return loaded
@@ -123,7 +126,7 @@ def _load():
                         f"this polyllama carries the {b.title} backend, which needs {lib} from the "
                         f"system, and it does not load: {text}. It comes with {provider}; or install "
                         "a polyllama variant without that backend (docs/INSTALL.md)") from e
-        if os.path.isfile(os.path.join(_HERE, "build_info.json")):
+        if not isinstance(e, ModuleNotFoundError):
             raise ExtensionLoadError(f"polyllama's extension is installed but does not load: {text}") from e
         raise ExtensionNotBuiltError(
             "polyllama's compiled extension (polyllama._llamacpp) is not built: run `make build` "
