@@ -100,10 +100,10 @@ wheel: sdist
 	$(PYTHON) buildtools/wheel.py build
 
 # the test suite against that wheel, installed into a fresh venv (build/wheel-venv)
-test-wheel: setup model
+test-wheel: model
 	$(PYTHON) buildtools/wheel.py test -- $(PYTEST_ARGS)
 
-index:
+index: $(DEVENV)
 	$(PYTHON) buildtools/wheel.py index
 
 clean:

@@ -193,10 +193,6 @@ def build_wheel(sdist: Path | None = None, out: Path = DIST) -> Path:
     repaired = sorted(dest.glob("polyllama-*.whl"))
     if len(repaired) != 1:
         raise WheelError(f"expected one repaired wheel in {dest}, found {[p.name for p in repaired]}")
-    record = {"wheel": str(repaired[0].relative_to(ROOT)), "cmake_build_dir": str(build_dir.relative_to(ROOT)),
-              "raw_bytes": built[0].stat().st_size, "bytes": repaired[0].stat().st_size,
-              "backends": info["backends"], "seconds": round(time.monotonic() - t0)}
-    (ROOT / "build" / "wheel" / f"{variant}.json").write_text(json.dumps(record, indent=2) + "\n")
     _say(f"{repaired[0].relative_to(ROOT)}: {_mib(repaired[0])}, variant {variant}")
     return repaired[0]
 
@@ -212,12 +208,12 @@ def find_wheel(variant: str | None = None) -> Path:
 def test_wheel(wheel: Path, pytest_args: list, venv: Path = ROOT / "build" / "wheel-venv") -> int:
     """A fresh venv, the wheel installed into it with its test and server extras (versions
     from requirements-dev.lock), then pytest from that venv against the checkout's tests.
-    llama-completion and llama-bench, which the tests compare with, are built in the wheel's CMake folder:
-    with the same (portable) flags, since a -march=native build's kernels round differently."""
-    record_file = ROOT / "build" / "wheel" / f"{wheel.parent.name}.json"
-    if not record_file.is_file():
-        raise WheelError(f"{record_file.relative_to(ROOT)} is missing: build the wheel here with `make wheel`")
-    build_dir = ROOT / json.loads(record_file.read_text())["cmake_build_dir"]
+    llama-completion and llama-bench, which the tests compare with, are built in the wheel's
+    CMake folder, with the flags of its last configure, those of the newest wheel (find_wheel):
+    the same portable flags, since a -march=native build's kernels round differently."""
+    build_dir = _wheel_build_dir()
+    if not (build_dir / "CMakeCache.txt").is_file():
+        raise WheelError(f"{build_dir.relative_to(ROOT)} is missing: build the wheel here with `make wheel`")
     subprocess.run(["cmake", "--build", str(build_dir), "--target", "llama-completion", "llama-bench"], check=True)
     if venv.exists():
         shutil.rmtree(venv)

@@ -22,12 +22,6 @@ for arg in "$@"; do
     *) echo "device/build.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
-if [ ! -f thirdparty/llama.cpp/include/llama.h ]; then
-  mkdir -p thirdparty
-  tar xzf .devcarry/llama.cpp.tar.gz -C thirdparty
-  mkdir -p thirdparty/llama.cpp/models
-  cp .devcarry/ggml-vocab-llama-bpe.gguf thirdparty/llama.cpp/models/
-fi
 export JOBS=${JOBS:-$(nproc)}
 # no network there: make uses the image's Python environment as it is (Cython, ninja and
 # scikit-build-core are in it) instead of creating .venv from PyPI (buildtools/devenv.py)

@@ -1,4 +1,4 @@
-# Sourced by scripts/device/build.sh and scripts/device/gpu.sh on a GPU machine without
+# Sourced by scripts/device/build.sh, gpu.sh and wheel.sh on a GPU machine without
 # network: unpack what scripts/device/bundle.sh carried and export what the build and the
 # runs need. Safe to source more than once.
 #
@@ -9,6 +9,13 @@
 # Vulkan headers reach buildconfig.py through POLYLLAMA_VULKAN_INCLUDE_DIR. NVIDIA's driver
 # ICD lives in the driver's read-only mount, so the loader is told where it is.
 _devroot=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# the pinned llama.cpp tree, and the test vocabulary the random-weight models copy
+if [ ! -f "$_devroot/thirdparty/llama.cpp/include/llama.h" ] && [ -f "$_devroot/.devcarry/llama.cpp.tar.gz" ]; then
+  mkdir -p "$_devroot/thirdparty"
+  tar xzf "$_devroot/.devcarry/llama.cpp.tar.gz" -C "$_devroot/thirdparty"
+  mkdir -p "$_devroot/thirdparty/llama.cpp/models"
+  cp "$_devroot/.devcarry/ggml-vocab-llama-bpe.gguf" "$_devroot/thirdparty/llama.cpp/models/"
+fi
 if [ -d "$_devroot/.devcarry/vulkan" ]; then
   _vk=/opt/polyllama-vk
   if [ ! -x "$_vk/usr/bin/glslc" ]; then

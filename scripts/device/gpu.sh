@@ -3,7 +3,8 @@
 # (1B and 8B shapes; F16, Q8_0, Q4_0), run the GPU tests, and run the benchmark harness for
 # every GPU backend of the build (CUDA, and Vulkan when it was built in).
 # Results go to $OUT (or ./device-out). Steps can be chosen: device/gpu.sh models tests bench
-# QUANTS (default "Q4_0 Q8_0") picks the quantized models written besides F16, and
+# SHAPES (default "1b 8b") and QUANTS (default "Q4_0 Q8_0") pick the models written, QUANTIZE
+# the llama-quantize to use (default build/cmake/bin's), and
 # BENCH_ARGS passes more options to benchmarks/bench_gpu.py (e.g. "--types Q4_0 -r 2").
 # A step that finished is not run again on the same machine (markers in /tmp/polyllama-done),
 # so after a command that hit the device tool's 10-minute limit the same line continues.
@@ -16,16 +17,14 @@ done_dir=/tmp/polyllama-done; mkdir -p "$done_dir"
 steps=${*:-models tests bench}
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 [ -d /tmp/lcp-site/llama_cpp ] && export PYTHONPATH=$PYTHONPATH:/tmp/lcp-site
-q=build/cmake/bin/llama-quantize
-gpu_backends=$(python3 -c 'from polyllama import devices
-print(",".join(dict.fromkeys(d.backend for d in devices() if d.type in ("GPU", "iGPU") and d.is_offload_target and not d.software)))')
+q=${QUANTIZE:-build/cmake/bin/llama-quantize}
 
 for step in $steps; do
   if [ -f "$done_dir/$step" ]; then echo "device/gpu: $step already done on this machine"; continue; fi
   t0=$(date +%s)
   case $step in
     models)
-      for shape in 1b 8b; do
+      for shape in ${SHAPES:-1b 8b}; do
         f16=$models/llama-$shape-f16.gguf
         [ -f "$f16" ] || python3 benchmarks/make_random_model.py --shape $shape -o "$f16" || exit 1
         for t in ${QUANTS:-Q4_0 Q8_0}; do
@@ -38,11 +37,14 @@ for step in $steps; do
       POLYLLAMA_GPU_TEST_MODEL=$models/llama-1b-Q4_0.gguf python3 -m pytest -s -v -p no:cacheprovider \
         tests/test_gpu.py 2>&1 | tee "$out/gpu-tests.txt" ;;
     bench)
+      gpu_backends=$(python3 -c 'from polyllama import devices
+print(",".join(dict.fromkeys(d.backend for d in devices() if d.type in ("GPU", "iGPU") and d.is_offload_target and not d.software)))')
       python3 -X faulthandler benchmarks/bench_gpu.py --models-dir "$models" --out "$out" --backends "$gpu_backends" ${BENCH_ARGS:-} \
         2>&1 | tee "$out/bench.txt" ;;
     *) echo "device/gpu: unknown step $step" >&2; exit 2 ;;
   esac
   rc=${PIPESTATUS[0]}
   echo "device/gpu: $step $(( $(date +%s) - t0 )) s (exit $rc)" | tee -a "$out/steps.txt"
-  [ "$rc" = 0 ] && touch "$done_dir/$step"   # a failed step runs again next time
+  # a failed step runs again next time; models needs no mark: it skips each file it has
+  [ "$rc" = 0 ] && [ "$step" != models ] && touch "$done_dir/$step"
 done

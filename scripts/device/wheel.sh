@@ -16,9 +16,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/env.sh
 out=/tmp/polyllama-wheel-out; mkdir -p "$out"
-if [ ! -f thirdparty/llama.cpp/include/llama.h ]; then
-  mkdir -p thirdparty && tar xzf .devcarry/llama.cpp.tar.gz -C thirdparty
-fi
 tools=/tmp/polyllama-wheel-tools
 if [ ! -d "$tools/auditwheel" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$tools" .devcarry/wheel-tools/*.whl
@@ -53,20 +50,15 @@ case "${1:-}" in
         echo "$(basename "$d") $(stat -c %s "$w") bytes $(basename "$w")"
         python3 -m zipfile -l "$w" | awk 'NR > 1 && $NF > 1000000 {print "    " $0}'
       done; done
-      ls -la build/wheel/*.json && cat build/wheel/*.json
     } 2>&1 | tee "$out/wheels.txt"
     touch /tmp/polyllama-wheel.done ;;
   test)
     # tests/test_gpu.py's model: a random-weight 1B llama, Q4_0 (llama-quantize from the
     # wheel's CMake folder, which defines llama.cpp's tools)
-    models=/tmp/polyllama-models m=/tmp/polyllama-models/llama-1b-Q4_0.gguf
-    if [ ! -f "$m" ]; then
-      mkdir -p "$models" thirdparty/llama.cpp/models
-      cp .devcarry/ggml-vocab-llama-bpe.gguf thirdparty/llama.cpp/models/
-      python3 benchmarks/make_random_model.py --shape 1b -o "$models/llama-1b-f16.gguf"
-      cmake --build build/wheel/cmake-py* --target llama-quantize >/dev/null
-      build/wheel/cmake-py*/bin/llama-quantize "$models/llama-1b-f16.gguf" "$m" Q4_0 "$(nproc)" >/dev/null 2>&1
-    fi
+    wheel_cmake=$(ls -d build/wheel/cmake-py*)
+    cmake --build "$wheel_cmake" --target llama-quantize >/dev/null
+    SHAPES=1b QUANTS=Q4_0 QUANTIZE=$wheel_cmake/bin/llama-quantize bash scripts/device/gpu.sh models
+    m=${MODELS_DIR:-/tmp/polyllama-models}/llama-1b-Q4_0.gguf
     export POLYLLAMA_GPU_TEST_MODEL=$m
     # the CUDA toolkit's libraries off the loader's path: LD_LIBRARY_PATH and ld.so.conf
     unset LD_LIBRARY_PATH

@@ -38,11 +38,10 @@ def build_info_file() -> dict:
         return {}
 
 
-def _cpu_flags(cpuinfo: str = "/proc/cpuinfo"):
+def _cpu_flags():
     """The CPU's feature flags (Linux), or None where they cannot be read."""
-    cpuinfo = host_path(cpuinfo)
     try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+        with open(host_path("/proc/cpuinfo"), encoding="utf-8", errors="replace") as f:
             for line in f:
                 if line.startswith("flags"):
                     return set(line.split(":", 1)[1].split())
@@ -51,9 +50,9 @@ def _cpu_flags(cpuinfo: str = "/proc/cpuinfo"):
     return None
 
 
-def missing_cpu_features(info: dict, cpuinfo: str = "/proc/cpuinfo") -> list:
+def missing_cpu_features(info: dict) -> list:
     """The /proc/cpuinfo flags that the build's instruction sets need and this CPU lacks."""
-    flags = _cpu_flags(cpuinfo)
+    flags = _cpu_flags()
     if flags is None:
         return []
     return [CPU_ISA_FLAGS[isa] for isa in info.get("cpu_isa", ())
