@@ -133,6 +133,13 @@ def chat_continuation(model: str, backend: str, threads: int | None, n_tokens: i
         llm.close()
 
 
+def _step_row(label: str, b: dict) -> str:
+    if not b:
+        return f"| {label} | — | — | — | — | — | — |"
+    cells = [f"{b[k]:.1f}" if k in b else "—" for k in ("launch", "wait", "sample", "other", "outside")]
+    return f"| {label} | {b['steps']:.0f} | " + " | ".join(cells) + " |"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
@@ -144,6 +151,8 @@ def main() -> int:
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--kv", default="unified,split", help="unified and/or split (KV per sequence)")
+    ap.add_argument("--device-sampling", choices=("auto", "on", "off"), default="auto",
+                    help="LLM(device_sampling=None|True|False): greedy picks in the decode graph")
     ap.add_argument("--server", action="store_true", help="also llama-server's slot engine")
     ap.add_argument("--chat", action="store_true", help="also the chat continuation")
     ap.add_argument("--chat-tokens", type=int, default=2000)
@@ -164,9 +173,11 @@ def main() -> int:
         dev = next(d.name for d in devices() if d.backend == args.backend and d.is_offload_target
                    and not d.software)
     fa = "on"
+    ds = {"auto": None, "on": True, "off": False}[args.device_sampling]
     widths = [int(w) for w in args.widths.split(",")]
     result: dict = {"model": Path(args.model).name, "backend": args.backend, "threads": args.threads,
-                    "date": str(datetime.date.today()), "host": platform.node()}
+                    "date": str(datetime.date.today()), "host": platform.node(),
+                    "device_sampling": args.device_sampling}
 
     def save():   # after every section: a run cut short still leaves what it measured
         (out / "engine.json").write_text(json.dumps(result, indent=2))
@@ -177,7 +188,7 @@ def main() -> int:
         ref = llama_bench(bin_dir / "llama-bench", args.model, args.threads, 512, args.n_gen, args.reps,
                           ngl_tool, dev, flash_attn=fa)
         ours = polyllama_bench(args.model, args.threads, 512, args.n_gen, args.reps, args.backend, ngl_ours,
-                               flash_attn=fa)
+                               flash_attn=fa, device_sampling=ds)
         singles.append((ref, ours))
         print("single:", json.dumps({"llama_bench": ref, "polyllama": ours}), flush=True)
     result["single"] = {
@@ -188,6 +199,7 @@ def main() -> int:
         "stream_ratios": [o["tg_stream"] / r["tg"] for r, o in singles],
         "pp_ratios": [o["pp"] / r["pp"] for r, o in singles],
         "overhead_us": statistics.median(o["overhead_us_per_token"] for _, o in singles),
+        "step_us": singles[-1][1]["step_us"],
         "placement": singles[0][1]["placement"]}
     save()
 
@@ -199,14 +211,15 @@ def main() -> int:
         for _ in range(args.rounds):
             ref = llama_batched_bench(bin_dir / "llama-batched-bench", args.model, widths=widths, n_gen=args.n_gen,
                                       ngl=ngl_tool, flash_attn=fa, kv_unified=unified, device=dev)
-            ours = batched_bench(args.model, widths=widths, n_gen=args.n_gen, backend=args.backend,
-                                 threads=args.threads, ngl=ngl_ours, kv_unified=unified, flash_attn=fa)
+            ours, steps = batched_bench(args.model, widths=widths, n_gen=args.n_gen, backend=args.backend,
+                                        threads=args.threads, ngl=ngl_ours, kv_unified=unified, flash_attn=fa,
+                                        with_breakdown=True, device_sampling=ds)
             srv = {}
             if args.server and (bin_dir / "llama-server").is_file():
                 for w in widths:
                     srv[w] = llama_server_batched(bin_dir / "llama-server", args.model, w, args.n_gen, 8, ngl_tool,
                                                   args.threads, unified, dev)
-            rows.append({"batched_bench": ref, "polyllama": ours, "llama_server": srv})
+            rows.append({"batched_bench": ref, "polyllama": ours, "llama_server": srv, "step_us": steps})
             print(f"batched {kv}:", json.dumps(rows[-1]), flush=True)
         result["batched"][kv] = rows
         save()
@@ -223,14 +236,20 @@ def main() -> int:
     s = result["single"]
     lines = [f"### {result['model']}, {args.backend} ({s['placement']}) — {result['date']}, polyllama {commit}", "",
              f"command: `python benchmarks/bench_engine.py {' '.join(sys.argv[1:])}` "
-             f"(flash attention on, {args.threads} threads, {args.rounds} rounds in turn; ratios: median (range))", "",
+             f"(flash attention on, {args.threads} threads, device sampling {args.device_sampling}, "
+             f"{args.rounds} rounds in turn; ratios: median (range))", "",
              "| single stream | llama-bench | polyllama | ratio |", "|---|---|---|---|",
              f"| tg{args.n_gen} generate | {s['llama_bench_tg']:.1f} | {s['polyllama_tg']:.1f} | "
              f"{spread(s['tg_ratios'], 100, 1, '%')} |",
              f"| tg{args.n_gen} stream | {s['llama_bench_tg']:.1f} | {s['polyllama_tg_stream']:.1f} | "
              f"{spread(s['stream_ratios'], 100, 1, '%')} |",
              f"| pp512 | | | {spread(s['pp_ratios'], 100, 1, '%')} |", "",
-             f"Per-token overhead (wall minus decode): {s['overhead_us']:.1f} µs.", ""]
+             f"Per-token overhead (wall minus decode): {s['overhead_us']:.1f} µs.", "",
+             "Where the time went, µs per step (tokens/s and llama.cpp's tool agree on the device work; "
+             "`launch` is inside llama_decode, which the tools pay too; `wait` is for the device; "
+             "`sample` and `other` are the engine's own; `outside` is per token, outside the steps):", "",
+             "| run | steps | launch | wait | sample | other | outside |", "|---|---|---|---|---|---|---|",
+             _step_row("single stream, generate", s["step_us"])]
     for kv, rows in result["batched"].items():
         lines += [f"Batched generation, KV {'shared by the sequences (-kvu)' if kv == 'unified' else 'per sequence'} "
                   "(aggregate generated tokens/s of the generation phase):", "",
@@ -247,6 +266,11 @@ def main() -> int:
                          f"{spread(sratio, 100, 1, '%')} |" if srv else
                          f"| {w} | {statistics.median(ref):.0f} | {statistics.median(ours):.0f} | "
                          f"{spread(ratio, 100, 1, '%')} | — | — |")
+        lines.append("")
+        lines += ["µs per step, the last round (prompts included):", "",
+                  "| prompts | steps | launch | wait | sample | other |", "|---|---|---|---|---|---|"]
+        for w in widths:
+            lines.append(_step_row(str(w), rows[-1]["step_us"].get(w, {}))[:-4].rstrip(" |") + " |")
         lines.append("")
     if "chat" in result:
         c = result["chat"]

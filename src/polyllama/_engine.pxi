@@ -78,11 +78,13 @@ cdef class Engine:
         self.closing = False
         self.pid = getpid()
 
-    def __init__(self, Context context, int sample_threads=1, bint aligned_regions=True):
+    def __init__(self, Context context, int sample_threads=1, bint aligned_regions=True,
+                 bint device_sampling=False):
         context._check()
         self.context = context
         self.ptr = new csrc.engine(context.ptr, context.model.ptr, context.worker,
-                                      context.remote_timeout, sample_threads, aligned_regions)
+                                      context.remote_timeout, sample_threads, aligned_regions,
+                                      device_sampling)
 
     def __dealloc__(self):
         if self.ptr != NULL and not _forked(self.pid):
@@ -252,7 +254,9 @@ cdef class Engine:
             self.inside -= 1
         return {"steps": st.steps, "tokens_decoded": st.tokens_decoded,
                 "tokens_generated": st.tokens_generated,
-                "prompt_tokens_reused": st.prompt_tokens_reused, "live": st.live,
+                "prompt_tokens_reused": st.prompt_tokens_reused,
+                "tokens_picked_on_device": st.tokens_picked_on_device, "live": st.live,
                 "queued": st.queued, "cached_slots": st.cached_slots,
                 "kv_cells_used": st.kv_cells_used, "decode_seconds": st.decode_seconds,
+                "wait_seconds": st.wait_seconds, "sample_seconds": st.sample_seconds,
                 "step_seconds": st.step_seconds}

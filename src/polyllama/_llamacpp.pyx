@@ -1197,7 +1197,7 @@ cdef class Context:
         self._check()
         d = llama_perf_context(self.ptr)
         return {"t_load_ms": d.t_load_ms, "t_p_eval_ms": d.t_p_eval_ms, "t_eval_ms": d.t_eval_ms,
-                "n_p_eval": d.n_p_eval, "n_eval": d.n_eval}
+                "n_p_eval": d.n_p_eval, "n_eval": d.n_eval, "n_reused": d.n_reused}
 
     def perf_reset(self):
         self._check(); llama_perf_context_reset(self.ptr)

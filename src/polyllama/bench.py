@@ -21,6 +21,22 @@ def spread(values, scale: float = 1.0, digits: int = 2, unit: str = "") -> str:
     return m if len(values) == 1 else f"{m} ({scale * min(values):.{digits}f}–{scale * max(values):.{digits}f})"
 
 
+def step_breakdown(before: dict, after: dict) -> dict:
+    """Where the engine's steps went between two `Engine.stats()`, in µs per step:
+    `launch` (inside llama_decode: graph build, inputs, queueing; llama.cpp's tools pay it
+    too), `wait` (for the device), `sample` (picking tokens), `other` (the rest of the step:
+    admitting, batch rows, text, handing out)."""
+    d = {k: after[k] - before[k] for k in ("steps", "decode_seconds", "wait_seconds", "sample_seconds",
+                                           "step_seconds")}
+    n = max(1, d["steps"])
+    per = {"launch": d["decode_seconds"] - d["wait_seconds"], "wait": d["wait_seconds"],
+           "sample": d["sample_seconds"],
+           "other": d["step_seconds"] - d["decode_seconds"] - d["sample_seconds"]}
+    out = {k: v / n * 1e6 for k, v in per.items()}
+    out["steps"] = d["steps"]
+    return out
+
+
 def llama_bench(binary: Path, model: str, threads: int, n_prompt: int, n_gen: int, reps: int,
                 ngl: int, device: str | None, flash_attn: str = "auto") -> dict:
     """llama-bench's ppN and tgN tokens/s (mean and stddev over reps)."""
@@ -40,7 +56,7 @@ def llama_bench(binary: Path, model: str, threads: int, n_prompt: int, n_gen: in
 
 
 def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: int, backend: str,
-                    ngl, flash_attn: str = "auto") -> dict:
+                    ngl, flash_attn: str = "auto", device_sampling: bool | None = None) -> dict:
     """polyllama's ppN (generate with max_tokens=1), tgN (generate) and stream tgN.
 
     Like llama-bench, each test warms up once and then repeats on its own, so that a
@@ -54,13 +70,13 @@ def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: i
     # a fifth of their prompt speed here (n_ctx 88: 1284 t/s for 64 tokens, 80 or 96: 1514
     # and 1545)
     llm = LLM(model, backend=backend, n_threads=threads, n_gpu_layers=ngl, flash_attn=flash_attn,
-              n_ctx=n_prompt + n_gen, n_seq_max=1)
+              n_ctx=n_prompt + n_gen, n_seq_max=1, device_sampling=device_sampling)
     engine = llm.engine
     vocab = llm.metadata["n_vocab"]
     # a prompt of exactly n_prompt tokens, like llama-bench's (which uses random tokens)
     prompt = [(i * 7919 + 13) % (vocab - 1000) + 500 for i in range(n_prompt)]
 
-    pp, tg_gen, tg_stream, overhead = [], [], [], []
+    pp, tg_gen, tg_stream, overhead, steps = [], [], [], [], []
     for rep in range(reps + 1):   # repetition 0 is the warm-up
         engine.clear_cache()      # no prefix reuse: every repetition decodes its whole prompt
         r = llm.generate(prompt, max_tokens=1)
@@ -78,6 +94,10 @@ def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: i
             # what is not llama_decode (nor waiting for the device), per generated token
             busy = after["decode_seconds"] - before["decode_seconds"]
             overhead.append((wall - busy) / r.generated_tokens * 1e6)
+            b = step_breakdown(before, after)
+            # and outside the steps: the call's Python (request, result), per generated token
+            b["outside"] = (wall - (after["step_seconds"] - before["step_seconds"])) / r.generated_tokens * 1e6
+            steps.append(b)
     params = SamplingParams(max_tokens=n_gen, ignore_eos=True)
     for rep in range(reps + 1):
         engine.clear_cache()
@@ -93,25 +113,30 @@ def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: i
             "tg": statistics.mean(tg_gen), "tg_sd": statistics.pstdev(tg_gen),
             "tg_stream": statistics.mean(tg_stream), "tg_stream_sd": statistics.pstdev(tg_stream),
             "overhead_us_per_token": statistics.median(overhead) if overhead else None,
+            "step_us": {k: statistics.median(b[k] for b in steps) for k in steps[0]} if steps else {},
             "placement": placement}
 
 
 def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: str = "auto",
                   threads: int | None = None, ngl="auto", kv_unified: bool = True,
-                  n_prompt: int = 8, flash_attn: str = "auto") -> dict:
+                  n_prompt: int = 8, flash_attn: str = "auto", with_breakdown: bool = False,
+                  device_sampling: bool | None = None):
     """Aggregate tokens/s of the generation phase for `width` prompts decoded together, as
     llama-batched-bench's S_TG counts it: the tokens decoded after the prompts, over the
     time from the first sampled token to the last.
 
-    Each width repeats once after a warm-up of the same width (graph shapes, CUDA graphs)."""
+    Each width repeats once after a warm-up of the same width (graph shapes, CUDA graphs).
+    Returns {width: tokens/s}; with_breakdown: also {width: step_breakdown(...)} of the
+    measured repetition (prompts included)."""
     from .llm import LLM
     from .sampling import SamplingParams
-    out = {}
+    out, breakdown = {}, {}
     # room for every sequence at once: on the CPU each takes a 64-aligned region of a
     # unified cache (ARCHITECTURE.md §6.3)
     per_seq = -(-(n_prompt + n_gen + 8) // 64) * 64
     llm = LLM(model, backend=backend, n_threads=threads, n_gpu_layers=ngl, n_seq_max=max(widths),
-              n_ctx=max(widths) * per_seq, kv_unified=kv_unified, flash_attn=flash_attn)
+              n_ctx=max(widths) * per_seq, kv_unified=kv_unified, flash_attn=flash_attn,
+              device_sampling=device_sampling)
     engine = llm.engine
     vocab = llm.metadata["n_vocab"]
     params = SamplingParams(max_tokens=n_gen, ignore_eos=True)
@@ -122,10 +147,13 @@ def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: 
             # distinct prompts of n_prompt tokens each (no shared prefix to reuse)
             prompts = [[(i * 7919 + j * 104729 + 13) % (vocab - 1000) + 500 for j in range(n_prompt)]
                        for i in range(w)]
+            before = engine.stats()
             reqs = [engine.submit(p, params) for p in prompts]
             for r in reqs:
                 r.result()
             t = [r.timings for r in reqs]
+            if rep:
+                breakdown[w] = step_breakdown(before, engine.stats())
             first = max(x["t_first"] for x in t)
             last = max(x["t_end"] for x in t)
             decoded = sum(x["n_generated"] - 1 for x in t)
@@ -133,6 +161,8 @@ def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: 
                 rates.append(decoded / (last - first) if last > first else 0.0)
         out[w] = statistics.mean(rates)
     llm.close()
+    if with_breakdown:
+        return out, breakdown
     return out
 
 

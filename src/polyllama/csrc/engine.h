@@ -98,11 +98,14 @@ struct engine_stats {
     int64_t tokens_decoded = 0;       // prompt + generated tokens sent to llama_decode
     int64_t tokens_generated = 0;
     int64_t prompt_tokens_reused = 0;
+    int64_t tokens_picked_on_device = 0;   // greedy tokens picked in the decode graph
     int32_t live = 0;                 // sequences in slots (prefill or generating)
     int32_t queued = 0;
     int32_t cached_slots = 0;         // idle slots holding a reusable prefix
     int32_t kv_cells_used = 0;        // by the engine's own count (shared prefixes counted once per slot)
     double  decode_seconds = 0;       // inside llama_decode and waiting for the device
+    double  wait_seconds = 0;         //   of which waiting for the device (llama_synchronize)
+    double  sample_seconds = 0;       // picking tokens from logits that are there
     double  step_seconds = 0;         // inside steps altogether
 };
 
@@ -114,8 +117,10 @@ class engine {
     // regions of a unified cache, short prompt chunks read apart from long ones. Off on
     // GPUs, whose kernels are not exact across batch shapes anyway: regions leave cells
     // unused, and short prompts are read together there.
+    // device_sampling: plain greedy requests pick their token inside the decode graph
+    // (device_greedy.h) instead of copying their logits to the host; off for RPC.
     engine(llama_context * ctx, const llama_model * model, remote_worker * worker, double timeout_s,
-           int sample_threads, bool aligned_regions);
+           int sample_threads, bool aligned_regions, bool device_sampling = false);
     ~engine();
 
     // ---- requests (any thread) ----
@@ -159,7 +164,9 @@ class engine {
     bool decode_failed(int rc, const std::string & err, const std::vector<sequence *> & seqs,
                        std::vector<int64_t> & changed);
     void judge(sequence & s);
-    bool read_prompts(const std::vector<std::pair<sequence *, int>> & group, std::vector<sequence *> & ready,
+    void sort_by_slot(std::vector<sequence *> & seqs) const;
+    void attach_device_samplers();
+    bool read_prompts(std::vector<std::pair<sequence *, int>> & group, std::vector<sequence *> & ready,
                       std::vector<int64_t> & changed);
     void admit_locked(std::vector<int64_t> & changed);
     bool place(sequence & s, std::vector<int64_t> & changed);
@@ -191,6 +198,8 @@ class engine {
     bool                  placement_ = false;  // slots have regions (unified cache, patch 0001)
     bool                  exact_ = true;       // CPU: keep each request's arithmetic its own (§6.3)
     int                   sample_threads_;
+    bool                  device_sampling_ = false;
+    std::vector<llama_sampler *> retired_;    // detached device chains, freed after the next decode
 
     std::mutex            mu_;          // requests, queue, outputs
     std::condition_variable cv_;        // output appeared / step ended / work arrived

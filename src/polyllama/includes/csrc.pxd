@@ -153,16 +153,20 @@ cdef extern from "engine.h" namespace "polyllama" nogil:
         int64_t tokens_decoded
         int64_t tokens_generated
         int64_t prompt_tokens_reused
+        int64_t tokens_picked_on_device
         int32_t live
         int32_t queued
         int32_t cached_slots
         int32_t kv_cells_used
         double decode_seconds
+        double wait_seconds
+        double sample_seconds
         double step_seconds
 
     cdef cppclass engine:
         engine(llama_context * ctx, const llama_model * model, remote_worker * worker,
-               double timeout_s, int sample_threads, cbool aligned_regions) except +
+               double timeout_s, int sample_threads, cbool aligned_regions,
+               cbool device_sampling) except +
         int64_t submit(request_params & params)
         void cancel(int64_t id)
         void cancel_all()
