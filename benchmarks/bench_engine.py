@@ -151,8 +151,8 @@ def main() -> int:
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--kv", default="unified,split", help="unified and/or split (KV per sequence)")
-    ap.add_argument("--device-sampling", choices=("auto", "on", "off"), default="auto",
-                    help="LLM(device_sampling=None|True|False): greedy picks in the decode graph")
+    ap.add_argument("--device-sampling", choices=("on", "off"), default="off",
+                    help="LLM(device_sampling=True|False): greedy picks in the decode graph")
     ap.add_argument("--server", action="store_true", help="also llama-server's slot engine")
     ap.add_argument("--chat", action="store_true", help="also the chat continuation")
     ap.add_argument("--chat-tokens", type=int, default=2000)
@@ -173,7 +173,7 @@ def main() -> int:
         dev = next(d.name for d in devices() if d.backend == args.backend and d.is_offload_target
                    and not d.software)
     fa = "on"
-    ds = {"auto": None, "on": True, "off": False}[args.device_sampling]
+    ds = args.device_sampling == "on"
     widths = [int(w) for w in args.widths.split(",")]
     result: dict = {"model": Path(args.model).name, "backend": args.backend, "threads": args.threads,
                     "date": str(datetime.date.today()), "host": platform.node(),

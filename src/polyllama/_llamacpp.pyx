@@ -26,6 +26,7 @@ from polyllama.includes.llama cimport *
 from polyllama.includes.ggml_rpc cimport (RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION,
                                           ggml_backend_rpc_start_server_t)
 from polyllama.includes cimport csrc
+cimport cython
 
 import array
 import json

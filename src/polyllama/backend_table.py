@@ -53,9 +53,6 @@ class Backend:
     # and a wheel must not carry, each with what provides it: auditwheel leaves them out, and
     # the package names the provider when one is missing (docs/INSTALL.md)
     system_libs: Tuple[Tuple[str, str], ...] = ()
-    # greedy tokens picked in the decode graph by default (LLM(device_sampling=None)):
-    # where it was measured to help and seen to run (ARCHITECTURE.md §4.7)
-    device_sampling: bool = False
 
     @property
     def make_target(self) -> str:
@@ -73,7 +70,7 @@ BACKENDS: Tuple[Backend, ...] = (
             "nor in /usr/local/cuda.",
             offload=True, auto_rank=1, log_prefix="ggml_cuda_init:",
             # real code for Turing to Hopper (RTX 20xx .. H100/H200), PTX of 90 for newer GPUs
-            portable_archs="75-real;80-real;86-real;89-real;90-real;90-virtual", device_sampling=True,
+            portable_archs="75-real;80-real;86-real;89-real;90-real;90-virtual",
             system_libs=(("libcuda.so.1", "the NVIDIA driver (`nvidia-smi` works where it is installed)"),)),
     Backend("hip", "GGML_HIP", "ROCm", "HIP (AMD ROCm)", "ROCm HIP SDK",
             "ROCm >= 6.1 with hipBLAS and rocBLAS: on Debian sid `apt-get install hipcc libamdhip64-dev "

@@ -56,7 +56,7 @@ def llama_bench(binary: Path, model: str, threads: int, n_prompt: int, n_gen: in
 
 
 def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: int, backend: str,
-                    ngl, flash_attn: str = "auto", device_sampling: bool | None = None) -> dict:
+                    ngl, flash_attn: str = "auto", device_sampling: bool = False) -> dict:
     """polyllama's ppN (generate with max_tokens=1), tgN (generate) and stream tgN.
 
     Like llama-bench, each test warms up once and then repeats on its own, so that a
@@ -120,7 +120,7 @@ def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: i
 def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: str = "auto",
                   threads: int | None = None, ngl="auto", kv_unified: bool = True,
                   n_prompt: int = 8, flash_attn: str = "auto", with_breakdown: bool = False,
-                  device_sampling: bool | None = None):
+                  device_sampling: bool = False):
     """Aggregate tokens/s of the generation phase for `width` prompts decoded together, as
     llama-batched-bench's S_TG counts it: the tokens decoded after the prompts, over the
     time from the first sampled token to the last.

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from ._llamacpp_loader import llamacpp
-from .backend_table import by_name
 from .engine import Engine, Request, default_sample_threads
 from .errors import (ConflictingArgumentsError, ContextError, ContextOverflowError, GrammarError,
                      InsufficientMemoryError, LoadAbortedError, ModelLoadError, PolyllamaError,
@@ -361,12 +360,11 @@ class LLM:
     rpc_timeout: seconds one call that reaches a remote device (load, decode, free) may
         take before its server counts as lost (default polyllama.rpc.DEFAULT_TIMEOUT). A
         server that dies is noticed at once; this bounds one that hangs.
-    device_sampling: plain greedy requests pick their token inside the decode graph, so
-        that only the token id comes back from the device instead of n_vocab logits
-        (llama.cpp's backend sampling). None (default): on where the backend table says it
-        was measured (CUDA) and the model is offloaded; True: on any placement whose device
-        has the ops, the CPU's included (never through RPC); False: off. Requests with logprobs, a sampler
-        chain, or logits() always read the logits on the host.
+    device_sampling: True: plain greedy requests pick their token inside the decode
+        graph, so that only the token id comes back from the device instead of n_vocab
+        logits (llama.cpp's backend sampling; never through RPC). Requests with logprobs, a
+        sampler chain, or logits() still read the logits on the host. Off by default: on an
+        H100 it cost more in llama_decode than it saved (ARCHITECTURE.md §4.7).
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, backend: str | None = None,
@@ -378,7 +376,7 @@ class LLM:
                  flash_attn: str = "auto", memory_margin: int = DEFAULT_MARGIN,
                  progress: Callable[[float], Any] | None = None, chat_template: str | None = None,
                  rpc_servers: Sequence[str] | None = None, rpc_timeout: float | None = None,
-                 use_mmap: bool = True, device_sampling: bool | None = None):
+                 use_mmap: bool = True, device_sampling: bool = False):
         # guards loading, close() and what reads the model outside the engine; generation
         # runs in the engine, which serializes nothing per thread (requests batch together)
         self._lock = threading.RLock()
@@ -411,8 +409,8 @@ class LLM:
         if not isinstance(use_mmap, bool):
             raise TypeError(f"use_mmap must be True or False, not {use_mmap!r}")
         self._use_mmap = use_mmap
-        if device_sampling is not None and not isinstance(device_sampling, bool):
-            raise TypeError(f"device_sampling must be None, True or False, not {device_sampling!r}")
+        if not isinstance(device_sampling, bool):
+            raise TypeError(f"device_sampling must be True or False, not {device_sampling!r}")
         self._device_sampling = device_sampling
         if flash_attn not in ("auto", "on", "off"):
             raise ValueError(f"flash_attn must be 'auto', 'on' or 'off', not {flash_attn!r}")
@@ -549,12 +547,9 @@ class LLM:
         offloaded = on_gpu and mp.n_gpu_layers != 0
         # aligned slot regions buy exact CPU results (ARCHITECTURE.md §6.3) for some unused
         # cells; GPU kernels are not exact across batch shapes anyway, so they go without
-        device_sampling = self._device_sampling
-        if device_sampling is None:
-            device_sampling = offloaded and by_name(cand.backend).device_sampling
         self._engine = Engine(self, llamacpp.Engine(ctx, default_sample_threads(offloaded),
                                                 aligned_regions=not offloaded,
-                                                device_sampling=device_sampling))
+                                                device_sampling=self._device_sampling))
         mem = ctx.memory()
         n_layers = model.n_layer + 1
         ngl = mp.n_gpu_layers
