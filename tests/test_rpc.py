@@ -130,6 +130,22 @@ def test_split_over_two_servers_matches_local(model_path, servers):
     assert names == [d.name for d in mine if d.description == a.endpoint]
 
 
+def test_tensor_parallel_over_two_servers_matches_local(model_path, servers):
+    # split_mode="tensor", llama.cpp's tensor parallelism: every layer's weights are cut
+    # between the two servers (ggml's meta device), the stand-in here for two GPUs of one
+    # host (issue #22, tests/test_multi_gpu.py on the real thing)
+    with LLM(model_path, backend="cpu", n_threads=THREADS, n_ctx=512) as local:
+        expected = greedy_tokens(local)
+    a, b = servers
+    with LLM(model_path, rpc_servers=[a.endpoint, b.endpoint], split_mode="tensor", n_gpu_layers=-1,
+             n_threads=THREADS, n_ctx=512) as tp:
+        p = tp.placement
+        # llama.cpp reports the pair as one "Meta()" device; the placement names the servers
+        assert sorted(p.devices) == sorted(p.remote) and len(p.devices) == 2, p
+        assert "Meta()" not in str(p)
+        assert greedy_tokens(tp) == expected
+
+
 def test_backend_rpc_puts_all_layers_remote(model_path, servers):
     a, b = servers
     with LLM(model_path, backend="rpc", rpc_servers=[a.endpoint, b.endpoint],

@@ -3,6 +3,9 @@
 # (1B and 8B shapes; F16, Q8_0, Q4_0), run the GPU tests, and run the benchmark harness for
 # every GPU backend of the build (CUDA, and Vulkan when it was built in).
 # Results go to $OUT (or ./device-out). Steps can be chosen: device/gpu.sh models tests bench
+# (default), and multi on a machine with two GPUs: tests/test_multi_gpu.py and
+# benchmarks/bench_multi_gpu.py over MULTI_MODELS (default "llama-8b-Q4_0 llama-8b-f16";
+# write them first with SHAPES=8b QUANTS=Q4_0 ... models).
 # SHAPES (default "1b 8b") and QUANTS (default "Q4_0 Q8_0") pick the models written, QUANTIZE
 # the llama-quantize to use (default build/cmake/bin's), and
 # BENCH_ARGS passes more options to benchmarks/bench_gpu.py (e.g. "--types Q4_0 -r 2").
@@ -36,6 +39,12 @@ for step in $steps; do
       python3 -m polyllama info | tee "$out/info.txt"
       POLYLLAMA_GPU_TEST_MODEL=$models/llama-1b-Q4_0.gguf python3 -m pytest -s -v -p no:cacheprovider \
         tests/test_gpu.py 2>&1 | tee "$out/gpu-tests.txt" ;;
+    multi)
+      POLYLLAMA_GPU_TEST_MODEL=$models/llama-1b-Q4_0.gguf python3 -m pytest -s -v -p no:cacheprovider \
+        tests/test_multi_gpu.py 2>&1 | tee "$out/multi-gpu-tests.txt"
+      python3 -X faulthandler benchmarks/bench_multi_gpu.py --backend cuda --threads "$(nproc)" \
+        $(for m in ${MULTI_MODELS:-llama-8b-Q4_0 llama-8b-f16}; do printf -- '--model %s ' "$models/$m.gguf"; done) \
+        --out "$out/multi-gpu" 2>&1 | tee "$out/multi-gpu-bench.txt" ;;
     bench)
       gpu_backends=$(python3 -c 'from polyllama import devices
 print(",".join(dict.fromkeys(d.backend for d in devices() if d.type in ("GPU", "iGPU") and d.is_offload_target and not d.software)))')

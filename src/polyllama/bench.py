@@ -38,13 +38,15 @@ def step_breakdown(before: dict, after: dict) -> dict:
 
 
 def llama_bench(binary: Path, model: str, threads: int, n_prompt: int, n_gen: int, reps: int,
-                ngl: int, device: str | None, flash_attn: str = "auto") -> dict:
-    """llama-bench's ppN and tgN tokens/s (mean and stddev over reps)."""
+                ngl: int, device: str | None, flash_attn: str = "auto", extra: list[str] | None = None) -> dict:
+    """llama-bench's ppN and tgN tokens/s (mean and stddev over reps). `extra`: more of its
+    options (-sm tensor, -ts 3/1, ...)."""
     fa = {"auto": "auto", "on": "1", "off": "0"}[flash_attn]
     cmd = [str(binary), "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen),
            "-r", str(reps), "-ngl", str(ngl), "-fa", fa, "-o", "json"]
     if device:
         cmd += ["-dev", device]
+    cmd += extra or []
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True)
     rows = json.loads(out.stdout)
     res = {}
@@ -56,7 +58,8 @@ def llama_bench(binary: Path, model: str, threads: int, n_prompt: int, n_gen: in
 
 
 def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: int, backend: str,
-                    ngl, flash_attn: str = "auto", device_sampling: bool = False) -> dict:
+                    ngl, flash_attn: str = "auto", device_sampling: bool = False,
+                    llm_kwargs: dict | None = None) -> dict:
     """polyllama's ppN (generate with max_tokens=1), tgN (generate) and stream tgN.
 
     Like llama-bench, each test warms up once and then repeats on its own, so that a
@@ -70,7 +73,7 @@ def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: i
     # a fifth of their prompt speed here (n_ctx 88: 1284 t/s for 64 tokens, 80 or 96: 1514
     # and 1545)
     llm = LLM(model, backend=backend, n_threads=threads, n_gpu_layers=ngl, flash_attn=flash_attn,
-              n_ctx=n_prompt + n_gen, n_seq_max=1, device_sampling=device_sampling)
+              n_ctx=n_prompt + n_gen, n_seq_max=1, device_sampling=device_sampling, **(llm_kwargs or {}))
     engine = llm.engine
     vocab = llm.metadata["n_vocab"]
     # a prompt of exactly n_prompt tokens, like llama-bench's (which uses random tokens)
@@ -120,7 +123,7 @@ def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: i
 def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: str = "auto",
                   threads: int | None = None, ngl="auto", kv_unified: bool = True,
                   n_prompt: int = 8, flash_attn: str = "auto", with_breakdown: bool = False,
-                  device_sampling: bool = False):
+                  device_sampling: bool = False, llm_kwargs: dict | None = None):
     """Aggregate tokens/s of the generation phase for `width` prompts decoded together, as
     llama-batched-bench's S_TG counts it: the tokens decoded after the prompts, over the
     time from the first sampled token to the last.
@@ -136,7 +139,7 @@ def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: 
     per_seq = -(-(n_prompt + n_gen + 8) // 64) * 64
     llm = LLM(model, backend=backend, n_threads=threads, n_gpu_layers=ngl, n_seq_max=max(widths),
               n_ctx=max(widths) * per_seq, kv_unified=kv_unified, flash_attn=flash_attn,
-              device_sampling=device_sampling)
+              device_sampling=device_sampling, **(llm_kwargs or {}))
     engine = llm.engine
     vocab = llm.metadata["n_vocab"]
     params = SamplingParams(max_tokens=n_gen, ignore_eos=True)
@@ -168,14 +171,16 @@ def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: 
 
 def llama_batched_bench(binary: Path, model: str, widths=(1, 4, 16, 64), n_gen: int = 128,
                         n_prompt: int = 8, ngl: int = 99, flash_attn: str = "on",
-                        kv_unified: bool = False, device: str | None = None) -> dict:
+                        kv_unified: bool = False, device: str | None = None,
+                        extra: list[str] | None = None) -> dict:
     """llama.cpp's own batched generation figure per width: S_TG, aggregate tokens/s of the
     generation phase, from llama-batched-bench (same tree, same run)."""
     fa = {"auto": "auto", "on": "1", "off": "0"}[flash_attn]
     n_ctx = max(widths) * (n_prompt + n_gen + 8)
     cmd = [str(binary), "-m", model, "-c", str(n_ctx), "-b", "2048", "-ub", "512", "-ngl", str(ngl),
            "-fa", fa, "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", ",".join(map(str, widths)),
-           "--output-format", "jsonl"] + (["-kvu"] if kv_unified else []) + (["-dev", device] if device else [])
+           "--output-format", "jsonl"] + (["-kvu"] if kv_unified else []) + (["-dev", device] if device else []) \
+        + (extra or [])
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True, text=True)
     res = {}
     for line in (out.stdout + "\n" + out.stderr).splitlines():

@@ -333,16 +333,19 @@ def check_kv_fits_devices(meta: dict | None, n_ctx: int, cand: Candidate) -> Non
 def estimate_memory(model_path: str | os.PathLike, n_ctx: int = 4096, *, backend: str | None = "auto",
                     device: DeviceSpec | Sequence[DeviceSpec] | None = None,
                     n_gpu_layers: int | str = "auto", n_batch: int = 2048, n_ubatch: int = 512,
-                    n_seq_max: int = 1, flash_attn: str = "auto") -> dict:
+                    n_seq_max: int = 1, flash_attn: str = "auto", split_mode: str | None = None,
+                    tensor_split: Sequence[float] | None = None,
+                    main_device: DeviceSpec | None = None) -> dict:
     """Bytes llama.cpp would allocate for weights, KV cache and compute buffers, per device.
 
     From libcommon's common_get_device_memory_data (model and context created with
     no_alloc). Returns {"backend", "devices": [{"device", "model", "context", "compute",
     "total", "free"}, ...], "n_layer", "n_ctx_train"}; the "Host" row is memory in RAM.
     With n_gpu_layers="auto" (default: all layers) nothing is fitted; see LLM for that.
+    split_mode, tensor_split and main_device spread the model over several devices as in LLM.
     """
     from .gguf_check import check_gguf
-    cands, _ = resolve_candidates(backend, device, n_gpu_layers)
+    cands, _ = resolve_candidates(backend, device, n_gpu_layers, split_mode, tensor_split, main_device)
     c = cands[0]
     check_kv_fits_devices(check_gguf(model_path), n_ctx, c)
     mp = model_params(c)

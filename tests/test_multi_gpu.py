@@ -1,0 +1,153 @@
+"""Two GPUs of one host (issue #22): one picked by name, a model split over both (layers,
+or llama.cpp's tensor parallelism), a fit across both, the memory of both given back.
+
+They skip unless the build sees two GPUs of one backend: the device tool's two-GPU kinds,
+through `scripts/device/gpu.sh multi`, with POLYLLAMA_GPU_TEST_MODEL set to a random-weight
+llama model (elsewhere the default model). The same code paths run everywhere over two
+loopback RPC servers (tests/test_rpc.py: a layer split with tensor_split, tensor parallelism).
+"""
+import math
+import os
+
+import pytest
+
+from polyllama import LLM, devices, estimate_memory
+
+pytestmark = pytest.mark.gpu
+
+PROMPT = "The quick brown fox jumps over the lazy dog because"
+
+
+def _gpus_by_backend() -> dict:
+    by: dict = {}
+    for d in devices():
+        if d.type in ("GPU", "iGPU") and d.is_offload_target and not d.software:
+            by.setdefault(d.backend, []).append(d)
+    return {b: ds for b, ds in by.items() if len(ds) >= 2}
+
+
+PAIRS = _gpus_by_backend()
+if not PAIRS:
+    pytest.skip("fewer than two GPUs of one backend in this build/machine", allow_module_level=True)
+BACKEND = "cuda" if "cuda" in PAIRS else sorted(PAIRS)[0]
+G0, G1 = PAIRS[BACKEND][:2]
+BOTH = [G0.spec, G1.spec]
+
+
+@pytest.fixture(scope="module")
+def gpu_model():
+    path = os.environ.get("POLYLLAMA_GPU_TEST_MODEL")
+    if path:
+        return path
+    from polyllama.default_model import default_model_path
+    return str(default_model_path())
+
+
+def _free(dev) -> int:
+    return next(d for d in devices() if d.index == dev.index).memory_free
+
+
+def _rows(llm) -> dict:
+    return {r["device"]: r for r in llm.placement.memory}
+
+
+def _cosine(a, b) -> float:
+    dot = sum(x * y for x, y in zip(a, b))
+    return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+@pytest.mark.parametrize("backend", sorted(PAIRS))
+def test_both_gpus_listed_with_memory(backend):
+    a, b = PAIRS[backend][:2]
+    assert (a.spec, b.spec) == (f"{backend}:0", f"{backend}:1")
+    for d in (a, b):
+        assert d.memory_total > 1 << 30 and 0 < d.memory_free <= d.memory_total, d
+
+
+def test_a_device_by_name_takes_every_layer_and_the_other_none(gpu_model):
+    with LLM(gpu_model, backend=BACKEND, device=G0.spec, n_ctx=512) as warm:
+        warm.generate("hi", max_tokens=1)   # the process's context on GPU 0 exists from here on
+    before0, before1 = _free(G0), _free(G1)
+    with LLM(gpu_model, backend=BACKEND, device=G1.spec, n_gpu_layers=-1, n_ctx=2048) as m:
+        m.generate("hi", max_tokens=2)
+        p, rows = m.placement, _rows(m)
+        used0, used1 = before0 - _free(G0), before1 - _free(G1)
+        print(f"device={G1.spec}: {G0.name} used {used0 >> 20} MiB, {G1.name} used {used1 >> 20} MiB")
+        assert p.devices == [G1.name] and p.n_gpu_layers == p.n_layers
+        assert rows[G1.name]["model"] > 0 and rows[G1.name]["context"] > 0
+        assert G0.name not in rows or rows[G0.name]["model"] + rows[G0.name]["context"] == 0
+        assert used1 >= rows[G1.name]["model"]
+        assert used0 < 64 << 20
+
+
+def test_layer_split_follows_tensor_split(gpu_model):
+    with LLM(gpu_model, backend=BACKEND, device=BOTH, split_mode="layer", tensor_split=[3, 1],
+             n_gpu_layers=-1, n_ctx=1024) as m:
+        rows = _rows(m)
+        w0, w1 = rows[G0.name]["model"], rows[G1.name]["model"]
+        print(f"tensor_split=[3, 1]: {w0 >> 20} / {w1 >> 20} MiB of weights")
+        assert sorted(m.placement.devices) == sorted([G0.name, G1.name])
+        assert 0.65 <= w0 / (w0 + w1) <= 0.85
+
+
+@pytest.mark.parametrize("split_mode", ["layer", "tensor"])
+def test_a_split_model_gives_the_one_gpu_output(gpu_model, split_mode):
+    with LLM(gpu_model, backend=BACKEND, device=G0.spec, n_gpu_layers=-1, n_ctx=1024) as one:
+        want_logits = one.logits(PROMPT)
+        want = one.generate(PROMPT, max_tokens=16, ignore_eos=True).tokens
+    with LLM(gpu_model, backend=BACKEND, device=BOTH, split_mode=split_mode, n_gpu_layers=-1,
+             n_ctx=1024) as two:
+        assert sorted(two.placement.devices) == sorted([G0.name, G1.name]), two.placement
+        got_logits = two.logits(PROMPT)
+        got = two.generate(PROMPT, max_tokens=16, ignore_eos=True).tokens
+    cos = _cosine(want_logits, got_logits)
+    print(f"split_mode={split_mode}: cosine of the logits to one GPU's {cos:.6f}")
+    assert cos > 0.999
+    assert got == want
+
+
+def test_auto_fits_across_both_when_one_is_too_small(gpu_model):
+    one = estimate_memory(gpu_model, n_ctx=4096, backend=BACKEND, device=G0.spec, n_gpu_layers=-1)
+    need = sum(r["bytes"] for r in one["devices"] if r["device"] == G0.name)
+    # leave each GPU about 60% of what the whole model needs: neither holds it, both do
+    margin = min(_free(G0), _free(G1)) - int(need * 0.6)
+    with LLM(gpu_model, backend=BACKEND, device=BOTH, n_gpu_layers="auto", memory_margin=margin,
+             n_ctx=4096) as m:
+        p, rows = m.placement, _rows(m)
+        print(f"fit with memory_margin {margin >> 20} MiB: {p}")
+        assert p.fitted and p.n_gpu_layers == p.n_layers
+        for g in (G0, G1):
+            r = rows[g.name]
+            assert r["model"] > 0
+            assert r["model"] + r["context"] + r["compute"] <= need * 0.6 + (64 << 20)
+
+
+def test_estimate_within_10_percent_on_each_gpu(gpu_model):
+    kw = dict(backend=BACKEND, device=BOTH, split_mode="layer", tensor_split=[1, 1], n_gpu_layers=-1,
+              n_seq_max=1)
+    est = {r["device"]: r for r in estimate_memory(gpu_model, n_ctx=4096, **kw)["devices"]}
+    with LLM(gpu_model, n_ctx=4096, **kw) as m:
+        actual = _rows(m)
+    for g in (G0, G1):
+        e, a = est[g.name], actual[g.name]
+        print(g.name, {k: (e[k] >> 20, a[k] >> 20) for k in ("model", "context", "compute")})
+        for key in ("model", "context"):
+            assert abs(e[key] - a[key]) <= 0.10 * a[key], (g.name, key, e[key], a[key])
+        total_e = e["model"] + e["context"] + e["compute"]
+        total_a = a["model"] + a["context"] + a["compute"]
+        assert abs(total_e - total_a) <= 0.10 * total_a, (g.name, total_e, total_a)
+
+
+def test_close_gives_back_the_memory_of_both(gpu_model):
+    def cycle():
+        m = LLM(gpu_model, backend=BACKEND, device=BOTH, split_mode="layer", n_gpu_layers=-1, n_ctx=2048)
+        m.generate("hello", max_tokens=2)
+        m.close()
+    cycle()   # what the first use of each device keeps for the process
+    before = (_free(G0), _free(G1))
+    for _ in range(20):
+        cycle()
+    after = (_free(G0), _free(G1))
+    print(f"free memory before/after 20 cycles: {[b >> 20 for b in before]} / {[a >> 20 for a in after]} MiB")
+    for b, a in zip(before, after):
+        assert b - a <= 256 << 20, (before, after)
