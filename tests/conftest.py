@@ -45,6 +45,17 @@ def model_path() -> str:
 
 
 @pytest.fixture(scope="session")
+def gpu_model() -> str:
+    """The model of the GPU tests: $POLYLLAMA_GPU_TEST_MODEL (a random-weight llama on the
+    device machines, where the default model cannot travel), else the default model."""
+    path = os.environ.get("POLYLLAMA_GPU_TEST_MODEL")
+    if path:
+        return path
+    from polyllama.default_model import default_model_path
+    return str(default_model_path())
+
+
+@pytest.fixture(scope="session")
 def llm(model_path):
     from polyllama import LLM
     with LLM(model_path, backend="cpu", n_threads=THREADS, n_ctx=4096) as m:

@@ -5,7 +5,6 @@ scripts/device/gpu.sh with POLYLLAMA_GPU_TEST_MODEL set to a random-weight llama
 (the default model cannot travel there); elsewhere the default model is used.
 """
 import math
-import os
 
 import pytest
 
@@ -25,15 +24,6 @@ GPU_BACKENDS = sorted({d.backend for d in GPUS})
 # (cosine 0.9989-0.9998 for CUDA and Vulkan against the CPU).
 # CUDA's quantized matrix kernels round activations to 8 bits, the CPU's differently.
 MIN_COSINE = 0.99
-
-
-@pytest.fixture(scope="module")
-def gpu_model():
-    path = os.environ.get("POLYLLAMA_GPU_TEST_MODEL")
-    if path:
-        return path
-    from polyllama.default_model import default_model_path
-    return str(default_model_path())
 
 
 def _free(dev):

@@ -7,7 +7,6 @@ llama model (elsewhere the default model). The same code paths run everywhere ov
 loopback RPC servers (tests/test_rpc.py: a layer split with tensor_split, tensor parallelism).
 """
 import math
-import os
 
 import pytest
 
@@ -32,15 +31,6 @@ if not PAIRS:
 BACKEND = "cuda" if "cuda" in PAIRS else sorted(PAIRS)[0]
 G0, G1 = PAIRS[BACKEND][:2]
 BOTH = [G0.spec, G1.spec]
-
-
-@pytest.fixture(scope="module")
-def gpu_model():
-    path = os.environ.get("POLYLLAMA_GPU_TEST_MODEL")
-    if path:
-        return path
-    from polyllama.default_model import default_model_path
-    return str(default_model_path())
 
 
 def _free(dev) -> int:
