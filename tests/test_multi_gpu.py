@@ -80,6 +80,10 @@ def test_layer_split_follows_tensor_split(gpu_model):
         assert 0.65 <= w0 / (w0 + w1) <= 0.85
 
 
+# A layer split computes each layer as one GPU does: the same tokens. Tensor parallelism
+# sums every product from two halves in another order, so it agrees to rounding: over two
+# RPC servers on a CPU its logits' cosine to one device's was 0.9948-0.9996 and its greedy
+# tokens left the one-device ones after 14 steps in the portable build (tests/test_rpc.py)
 @pytest.mark.parametrize("split_mode", ["layer", "tensor"])
 def test_a_split_model_gives_the_one_gpu_output(gpu_model, split_mode):
     with LLM(gpu_model, backend=BACKEND, device=G0.spec, n_gpu_layers=-1, n_ctx=1024) as one:
@@ -91,9 +95,17 @@ def test_a_split_model_gives_the_one_gpu_output(gpu_model, split_mode):
         got_logits = two.logits(PROMPT)
         got = two.generate(PROMPT, max_tokens=16, ignore_eos=True).tokens
     cos = _cosine(want_logits, got_logits)
-    print(f"split_mode={split_mode}: cosine of the logits to one GPU's {cos:.6f}")
-    assert cos > 0.999
-    assert got == want
+    same = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), len(want))
+    print(f"split_mode={split_mode}: cosine of the logits to one GPU's {cos:.6f}, "
+          f"the same greedy tokens for {same} of {len(want)} steps")
+    if split_mode == "layer":
+        assert cos > 0.999 and got == want
+    else:
+        # one GPU's pick is (within rounding) the split's best too; by value, because the
+        # random-weight test models repeat rows and so have tied logits
+        top = max(range(len(want_logits)), key=want_logits.__getitem__)
+        assert cos > 0.99
+        assert got_logits[top] >= max(got_logits) - 0.02 * max(abs(x) for x in got_logits)
 
 
 def test_auto_fits_across_both_when_one_is_too_small(gpu_model):

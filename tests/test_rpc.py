@@ -8,6 +8,7 @@ runs its client in a subprocess too (an abort there fails the test instead of py
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -130,12 +131,15 @@ def test_split_over_two_servers_matches_local(model_path, servers):
     assert names == [d.name for d in mine if d.description == a.endpoint]
 
 
-def test_tensor_parallel_over_two_servers_matches_local(model_path, servers):
+def test_tensor_parallel_over_two_servers_agrees_with_local(model_path, servers):
     # split_mode="tensor", llama.cpp's tensor parallelism: every layer's weights are cut
     # between the two servers (ggml's meta device), the stand-in here for two GPUs of one
-    # host (issue #22, tests/test_multi_gpu.py on the real thing)
+    # host (issue #22, tests/test_multi_gpu.py on the real thing). Unlike a layer split it
+    # sums each product from two halves, in another order: measured on the CI machine, the
+    # logits' cosine to the local ones was 0.99961 (native build) and 0.99482 (the portable
+    # wheel), the greedy tokens the same for 24 and for 14 steps
     with LLM(model_path, backend="cpu", n_threads=THREADS, n_ctx=512) as local:
-        expected = greedy_tokens(local)
+        ref = local.logits(PROMPT)
     a, b = servers
     with LLM(model_path, rpc_servers=[a.endpoint, b.endpoint], split_mode="tensor", n_gpu_layers=-1,
              n_threads=THREADS, n_ctx=512) as tp:
@@ -143,7 +147,11 @@ def test_tensor_parallel_over_two_servers_matches_local(model_path, servers):
         # llama.cpp reports the pair as one "Meta()" device; the placement names the servers
         assert sorted(p.devices) == sorted(p.remote) and len(p.devices) == 2, p
         assert "Meta()" not in str(p)
-        assert greedy_tokens(tp) == expected
+        got = tp.logits(PROMPT)
+    dot = sum(x * y for x, y in zip(ref, got))
+    cosine = dot / math.sqrt(sum(x * x for x in ref) * sum(y * y for y in got))
+    assert cosine > 0.99, cosine
+    assert max(range(len(got)), key=got.__getitem__) == max(range(len(ref)), key=ref.__getitem__)
 
 
 def test_backend_rpc_puts_all_layers_remote(model_path, servers):
