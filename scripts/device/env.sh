@@ -48,6 +48,9 @@ if [ -d "$_devroot/.devcarry/server-wheels" ]; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/polyllama-server-site \
       "$_devroot"/.devcarry/server-wheels/*.whl >/dev/null
   fi
-  export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/tmp/polyllama-server-site"
+  case ":${PYTHONPATH:-}:" in
+    *:/tmp/polyllama-server-site:*) ;;
+    *) export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/tmp/polyllama-server-site" ;;
+  esac
 fi
 unset _devroot _vk _icd _egl
