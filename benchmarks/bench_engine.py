@@ -173,7 +173,7 @@ def main() -> int:
         dev = next(d.name for d in devices() if d.backend == args.backend and d.is_offload_target
                    and not d.software)
     fa = "on"
-    ds = args.device_sampling == "on"
+    llm_kwargs = {"device_sampling": args.device_sampling == "on"}
     widths = [int(w) for w in args.widths.split(",")]
     result: dict = {"model": Path(args.model).name, "backend": args.backend, "threads": args.threads,
                     "date": str(datetime.date.today()), "host": platform.node(),
@@ -188,7 +188,7 @@ def main() -> int:
         ref = llama_bench(bin_dir / "llama-bench", args.model, args.threads, 512, args.n_gen, args.reps,
                           ngl_tool, dev, flash_attn=fa)
         ours = polyllama_bench(args.model, args.threads, 512, args.n_gen, args.reps, args.backend, ngl_ours,
-                               flash_attn=fa, device_sampling=ds)
+                               flash_attn=fa, llm_kwargs=llm_kwargs)
         singles.append((ref, ours))
         print("single:", json.dumps({"llama_bench": ref, "polyllama": ours}), flush=True)
     result["single"] = {
@@ -213,7 +213,7 @@ def main() -> int:
                                       ngl=ngl_tool, flash_attn=fa, kv_unified=unified, device=dev)
             ours, steps = batched_bench(args.model, widths=widths, n_gen=args.n_gen, backend=args.backend,
                                         threads=args.threads, ngl=ngl_ours, kv_unified=unified, flash_attn=fa,
-                                        with_breakdown=True, device_sampling=ds)
+                                        with_breakdown=True, llm_kwargs=llm_kwargs)
             srv = {}
             if args.server and (bin_dir / "llama-server").is_file():
                 for w in widths:

@@ -144,7 +144,9 @@ def test_tensor_parallel_over_two_servers_agrees_with_local(model_path, servers)
     with LLM(model_path, rpc_servers=[a.endpoint, b.endpoint], split_mode="tensor", n_gpu_layers=-1,
              n_threads=THREADS, n_ctx=512) as tp:
         p = tp.placement
-        # llama.cpp reports the pair as one "Meta()" device; the placement names the servers
+        # llama.cpp reports the pair as one "Meta()" device (so this is tensor parallelism,
+        # not a layer split, which reports each server); the placement names the servers
+        assert [r["device"] for r in p.memory if r["device"] != "Host"] == ["Meta()"], p.memory
         assert sorted(p.devices) == sorted(p.remote) and len(p.devices) == 2, p
         assert "Meta()" not in str(p)
         got = tp.logits(PROMPT)

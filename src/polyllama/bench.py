@@ -58,8 +58,7 @@ def llama_bench(binary: Path, model: str, threads: int, n_prompt: int, n_gen: in
 
 
 def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: int, backend: str,
-                    ngl, flash_attn: str = "auto", device_sampling: bool = False,
-                    llm_kwargs: dict | None = None) -> dict:
+                    ngl, flash_attn: str = "auto", llm_kwargs: dict | None = None) -> dict:
     """polyllama's ppN (generate with max_tokens=1), tgN (generate) and stream tgN.
 
     Like llama-bench, each test warms up once and then repeats on its own, so that a
@@ -73,7 +72,7 @@ def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: i
     # a fifth of their prompt speed here (n_ctx 88: 1284 t/s for 64 tokens, 80 or 96: 1514
     # and 1545)
     llm = LLM(model, backend=backend, n_threads=threads, n_gpu_layers=ngl, flash_attn=flash_attn,
-              n_ctx=n_prompt + n_gen, n_seq_max=1, device_sampling=device_sampling, **(llm_kwargs or {}))
+              n_ctx=n_prompt + n_gen, n_seq_max=1, **(llm_kwargs or {}))
     engine = llm.engine
     vocab = llm.metadata["n_vocab"]
     # a prompt of exactly n_prompt tokens, like llama-bench's (which uses random tokens)
@@ -123,7 +122,7 @@ def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: i
 def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: str = "auto",
                   threads: int | None = None, ngl="auto", kv_unified: bool = True,
                   n_prompt: int = 8, flash_attn: str = "auto", with_breakdown: bool = False,
-                  device_sampling: bool = False, llm_kwargs: dict | None = None):
+                  llm_kwargs: dict | None = None):
     """Aggregate tokens/s of the generation phase for `width` prompts decoded together, as
     llama-batched-bench's S_TG counts it: the tokens decoded after the prompts, over the
     time from the first sampled token to the last.
@@ -139,7 +138,7 @@ def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: 
     per_seq = -(-(n_prompt + n_gen + 8) // 64) * 64
     llm = LLM(model, backend=backend, n_threads=threads, n_gpu_layers=ngl, n_seq_max=max(widths),
               n_ctx=max(widths) * per_seq, kv_unified=kv_unified, flash_attn=flash_attn,
-              device_sampling=device_sampling, **(llm_kwargs or {}))
+              **(llm_kwargs or {}))
     engine = llm.engine
     vocab = llm.metadata["n_vocab"]
     params = SamplingParams(max_tokens=n_gen, ignore_eos=True)

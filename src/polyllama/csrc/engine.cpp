@@ -95,6 +95,18 @@ void utf8_feed(std::string & partial, const char * in, size_t n, std::string & o
     partial.erase(0, i);
 }
 
+// A KV cache per sequence: llama.cpp splits a batch into micro-batches of consecutive
+// sequence ids in row order (llama_batch_allocr::split_equal, `sequential`), so rows in
+// request order (slots 5, 2, 9, ...) would each start a micro-batch of their own, every
+// weight read once per micro-batch. Measured on the CPU, 64 sequences whose slots had been
+// handed out out of order: 531 against 1388 t/s in slot order. So the engine puts the rows
+// of such a cache in slot order; a unified cache takes any order (split_simple), and its
+// rows stay in request order.
+template <class T, class SlotOf>
+void in_slot_order(std::vector<T> & rows, SlotOf slot_of) {
+    std::stable_sort(rows.begin(), rows.end(), [&](const T & a, const T & b) { return slot_of(a) < slot_of(b); });
+}
+
 }  // namespace
 
 // ---- the objects ----------------------------------------------------------------------
@@ -671,7 +683,7 @@ bool engine::place(sequence & s, std::vector<int64_t> & changed) {
         const size_t l = can_shift_prefix_ || sl.cells.empty() ? reusable_prefix(sl, prompt, cap) : 0;
         // among empty slots of a cache per sequence, the lowest id (slots_ is in id order, so
         // the first one found stays): llama.cpp decodes consecutive sequence ids together
-        // (see sort_by_slot), so live slots packed at the low end make fewer micro-batches
+        // (see in_slot_order), so live slots packed at the low end make fewer micro-batches
         const bool by_recency = unified_ || !sl.cells.empty();
         if (target < 0 || l > target_lcp ||
             (l == target_lcp && (sl.cells.empty() != slots_[target].cells.empty()
@@ -912,11 +924,8 @@ void engine::sample_all(std::vector<sequence *> & ready) {
     }
     // one synchronize for everybody, in this thread (llama_get_logits_ith synchronizes the
     // context too, and that is not safe from several threads at once)
-    const double t0 = now_s();
-    llama_synchronize(ctx_);
+    wait_for_device();
     const double t1 = now_s();
-    stats_.decode_seconds += t1 - t0;
-    stats_.wait_seconds += t1 - t0;
     int n_host = 0;
     for (auto * s : ready) {
         if (s->on_device) {
@@ -928,11 +937,8 @@ void engine::sample_all(std::vector<sequence *> & ready) {
             n_host++;
         }
     }
-    if (n_host == 0) {
-        for (auto * s : ready) {
-            sample_one(*s);   // takes the device's pick: no work to spread
-        }
-    } else if (pool_ && ready.size() >= 4) {
+    // a device's pick is only read back: the workers are for scans of host logits
+    if (pool_ && n_host >= 4) {
         std::function<void(int)> job = [&](int i) { sample_one(*ready[i]); };
         pool_->run(static_cast<int>(ready.size()), job);
     } else {
@@ -941,6 +947,14 @@ void engine::sample_all(std::vector<sequence *> & ready) {
         }
     }
     stats_.sample_seconds += now_s() - t1;
+}
+
+void engine::wait_for_device() {
+    const double t0 = now_s();
+    llama_synchronize(ctx_);
+    const double waited = now_s() - t0;
+    stats_.decode_seconds += waited;
+    stats_.wait_seconds += waited;
 }
 
 int engine::decode(llama_batch & batch, std::string & err) {
@@ -1080,18 +1094,6 @@ void engine::attach_device_samplers() {
     }
 }
 
-// A KV cache per sequence: llama.cpp splits a batch into micro-batches of consecutive
-// sequence ids in row order (llama_batch_allocr::split_equal, `sequential`), so rows in
-// request order (slots 5, 2, 9, ...) would each start a micro-batch of their own, every
-// weight read once per micro-batch. Measured on the CPU, 64 sequences whose slots had been
-// handed out out of order: 531 against 1388 t/s in slot order. A unified cache takes any
-// order (split_simple), and its rows stay in request order.
-void engine::sort_by_slot(std::vector<sequence *> & seqs) const {
-    if (!unified_) {
-        std::stable_sort(seqs.begin(), seqs.end(), [](const sequence * a, const sequence * b) { return a->slot < b->slot; });
-    }
-}
-
 void engine::add_row(int i, llama_token token, llama_pos pos, int seq, bool logits) {
     batch_.token[i] = token;
     batch_.pos[i] = pos;
@@ -1155,8 +1157,7 @@ bool engine::read_prompts(std::vector<std::pair<sequence *, int>> & group, std::
         return true;
     }
     if (!unified_) {
-        std::stable_sort(group.begin(), group.end(),
-                         [](const auto & a, const auto & b) { return a.first->slot < b.first->slot; });
+        in_slot_order(group, [](const std::pair<sequence *, int> & g) { return g.first->slot; });
     }
     int n = 0;
     for (const auto & g : group) {
@@ -1201,10 +1202,7 @@ bool engine::read_prompts(std::vector<std::pair<sequence *, int>> & group, std::
             sample.push_back(s);
             continue;
         }
-        const double t0 = now_s();
-        llama_synchronize(ctx_);
-        stats_.decode_seconds += now_s() - t0;
-        stats_.wait_seconds += now_s() - t0;
+        wait_for_device();
         const float * row = llama_get_logits_ith(ctx_, s->logits_row);
         std::lock_guard<std::mutex> lk(mu_);
         s->logits_row = -1;
@@ -1309,7 +1307,9 @@ int engine::step_body(std::vector<int64_t> & changed) {
         }
         decoding.push_back(s);
     }
-    sort_by_slot(decoding);
+    if (!unified_) {
+        in_slot_order(decoding, [](const sequence * s) { return s->slot; });
+    }
     for (auto * s : decoding) {
         add_row(n, s->token, s->pos, s->slot, true);
         s->logits_row = n++;

@@ -164,7 +164,7 @@ class engine {
     bool decode_failed(int rc, const std::string & err, const std::vector<sequence *> & seqs,
                        std::vector<int64_t> & changed);
     void judge(sequence & s);
-    void sort_by_slot(std::vector<sequence *> & seqs) const;
+    void wait_for_device();                     // llama_synchronize, timed into stats_
     void attach_device_samplers();
     bool read_prompts(std::vector<std::pair<sequence *, int>> & group, std::vector<sequence *> & ready,
                       std::vector<int64_t> & changed);
