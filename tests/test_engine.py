@@ -238,6 +238,12 @@ def test_greedy_picked_in_the_decode_graph_equals_the_host_pick(model_path, expe
             assert host.engine.stats()["tokens_picked_on_device"] == 0   # off by default
         got = m.generate("Hi", max_tokens=40, ignore_eos=True).tokens
         assert got == want and m.engine.stats()["tokens_picked_on_device"] == 12 * len(PROMPTS) + 40
+        # host-sampled requests in the slots whose device chains were detached, then picks
+        # on the device again (the order that corrupted the heap on lavapipe)
+        sampled = m.engine.submit(PROMPTS[1], max_tokens=8, temperature=0.7, seed=3, ignore_eos=True).result()
+        assert len(sampled.tokens) == 8
+        assert [r.tokens for r in m.generate(PROMPTS[:3], max_tokens=12)] == [expected[p] for p in PROMPTS[:3]]
+        assert m.engine.stats()["tokens_picked_on_device"] == 12 * len(PROMPTS) + 40 + 36
 
 
 def test_device_sampling_must_be_a_bool(model_path):

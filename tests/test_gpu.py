@@ -163,3 +163,32 @@ def test_estimate_within_10_percent_of_actual_on_gpu(gpu_model, n_ctx):
     a = actual[GPU.name]
     for key in ("model", "context", "compute"):
         assert abs(e[key] - a[key]) <= 0.10 * a[key], (key, e[key], a[key])
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_device_sampling_where_allowed_and_refused_elsewhere(gpu_model, backend):
+    # greedy picks in the decode graph, then host-sampled requests in the same slots (their
+    # chains detached), then picks again: the order that corrupted lavapipe's heap
+    from polyllama import LLM, ConflictingArgumentsError
+    from polyllama.backend_table import by_name
+    if not by_name(backend).device_sampling:
+        with pytest.raises(ConflictingArgumentsError, match=f"^device_sampling=True is not available on {backend} "):
+            LLM(gpu_model, backend=backend, device_sampling=True)
+        return
+    prompts = ["The quick brown fox", "Once upon a time"]
+    with LLM(gpu_model, backend=backend, n_ctx=1024, n_seq_max=3) as host:
+        host_logits = [host.logits(p) for p in prompts]
+    with LLM(gpu_model, backend=backend, n_ctx=1024, n_seq_max=3, device_sampling=True) as m:
+        first = [r.tokens for r in m.generate(prompts, max_tokens=8, ignore_eos=True)]
+        sampled = m.engine.submit(prompts[0], max_tokens=8, temperature=0.7, seed=3, ignore_eos=True).result()
+        with_probs = m.generate(prompts[1], max_tokens=8, n_probs=2, ignore_eos=True)
+        again = [r.tokens for r in m.generate(prompts, max_tokens=8, ignore_eos=True)]
+        assert m.engine.stats()["tokens_picked_on_device"] == 4 * 8
+    assert len(sampled.tokens) == 8 and len(with_probs.logprobs) == 8
+    assert first == again
+    # the device's first pick is the host's best, by value (to the rounding between batch
+    # shapes): the random-weight test models repeat rows, so their logits tie, and the two
+    # arg-maxes may take different tied ids
+    for toks, logits in zip(first, host_logits):
+        top = max(logits)
+        assert logits[toks[0]] >= top - 0.01 * max(abs(x) for x in logits), (toks[0], logits[toks[0]], top)

@@ -225,3 +225,15 @@ def test_split_mode_tensor_skips_fitting_and_offloads_all(model_path, llm):
         assert p.devices == ["Vulkan0"], p.devices
         ref = llm.generate(prompt, max_tokens=GREEDY_PREFIX).tokens
         assert m.generate(prompt, max_tokens=GREEDY_PREFIX).tokens == ref
+
+
+@needs_vulkan
+def test_device_sampling_is_refused_on_vulkan(model_path):
+    # on lavapipe, a host-sampled request after greedy picks in the decode graph, in the
+    # same slots, corrupted the heap inside ggml-vulkan (SIGSEGV / "corrupted double-linked
+    # list"): the backend table does not allow it there, and the refusal comes before loading
+    from polyllama import ConflictingArgumentsError
+    with pytest.raises(ConflictingArgumentsError,
+                       match=r"^device_sampling=True is not available on vulkan \(only on cpu, cuda\): "
+                             r"it has not been seen to run safely there$"):
+        LLM(model_path, backend="vulkan", device_sampling=True)

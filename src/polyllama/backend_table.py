@@ -53,6 +53,10 @@ class Backend:
     # and a wheel must not carry, each with what provides it: auditwheel leaves them out, and
     # the package names the provider when one is missing (docs/INSTALL.md)
     system_libs: Tuple[Tuple[str, str], ...] = ()
+    # LLM(device_sampling=True) is allowed: greedy picks in the decode graph were seen to run
+    # there, host-sampled requests after them in the same slots included (ARCHITECTURE.md
+    # §4.7). On lavapipe that second part corrupted the heap inside ggml-vulkan.
+    device_sampling: bool = False
 
     @property
     def make_target(self) -> str:
@@ -62,7 +66,7 @@ class Backend:
 BACKENDS: Tuple[Backend, ...] = (
     Backend("cpu", "GGML_CPU", "CPU", "CPU", "C/C++ toolchain",
             "Nothing extra: a C/C++ compiler and CMake (apt-get install build-essential cmake ninja-build).",
-            offload=False, needs_sdk=False, needs_device=False, in_build_all=False),
+            offload=False, needs_sdk=False, needs_device=False, in_build_all=False, device_sampling=True),
     Backend("cuda", "GGML_CUDA", "CUDA", "CUDA (NVIDIA)", "CUDA toolkit",
             "On Debian/Ubuntu add NVIDIA's CUDA apt repository and "
             "`apt-get install cuda-toolkit` (or the distribution's nvidia-cuda-toolkit), elsewhere "
@@ -70,7 +74,7 @@ BACKENDS: Tuple[Backend, ...] = (
             "nor in /usr/local/cuda.",
             offload=True, auto_rank=1, log_prefix="ggml_cuda_init:",
             # real code for Turing to Hopper (RTX 20xx .. H100/H200), PTX of 90 for newer GPUs
-            portable_archs="75-real;80-real;86-real;89-real;90-real;90-virtual",
+            portable_archs="75-real;80-real;86-real;89-real;90-real;90-virtual", device_sampling=True,
             system_libs=(("libcuda.so.1", "the NVIDIA driver (`nvidia-smi` works where it is installed)"),)),
     Backend("hip", "GGML_HIP", "ROCm", "HIP (AMD ROCm)", "ROCm HIP SDK",
             "ROCm >= 6.1 with hipBLAS and rocBLAS: on Debian sid `apt-get install hipcc libamdhip64-dev "

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from ._llamacpp_loader import llamacpp
+from .backend_table import BACKENDS, by_name
 from .engine import Engine, Request, default_sample_threads
 from .errors import (ConflictingArgumentsError, ContextError, ContextOverflowError, GrammarError,
                      InsufficientMemoryError, LoadAbortedError, ModelLoadError, PolyllamaError,
@@ -364,7 +365,9 @@ class LLM:
         graph, so that only the token id comes back from the device instead of n_vocab
         logits (llama.cpp's backend sampling; never through RPC). Requests with logprobs, a
         sampler chain, or logits() still read the logits on the host. Off by default: on an
-        H100 it cost more in llama_decode than it saved (ARCHITECTURE.md §4.7).
+        H100 it cost more in llama_decode than it saved (ARCHITECTURE.md §4.7). Allowed on the
+        backends the table marks (CPU, CUDA); elsewhere ConflictingArgumentsError, because on
+        lavapipe it corrupted ggml-vulkan's heap.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, backend: str | None = None,
@@ -493,6 +496,11 @@ class LLM:
 
     # ---- loading ------------------------------------------------------------------------
     def _load(self, cand: Candidate, margin: int, progress, skipped: list[str]) -> None:
+        if self._device_sampling and not by_name(cand.backend).device_sampling:
+            allowed = ", ".join(b.name for b in BACKENDS if b.device_sampling)
+            raise ConflictingArgumentsError(
+                f"device_sampling=True is not available on {cand.backend} (only on {allowed}): "
+                "it has not been seen to run safely there")
         check_kv_fits_devices(self._gguf_meta, self._cparams["n_ctx"], cand)
         mp = model_params(cand)
         mp.use_mmap = self._use_mmap
