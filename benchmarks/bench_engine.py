@@ -153,6 +153,8 @@ def main() -> int:
     ap.add_argument("--kv", default="unified,split", help="unified and/or split (KV per sequence)")
     ap.add_argument("--device-sampling", choices=("on", "off"), default="off",
                     help="LLM(device_sampling=True|False): greedy picks in the decode graph")
+    ap.add_argument("--sample-threads", type=int, default=None,
+                    help="LLM(n_threads_sample=N): threads that share the picks (default: LLM's own)")
     ap.add_argument("--server", action="store_true", help="also llama-server's slot engine")
     ap.add_argument("--chat", action="store_true", help="also the chat continuation")
     ap.add_argument("--chat-tokens", type=int, default=2000)
@@ -173,11 +175,11 @@ def main() -> int:
         dev = next(d.name for d in devices() if d.backend == args.backend and d.is_offload_target
                    and not d.software)
     fa = "on"
-    llm_kwargs = {"device_sampling": args.device_sampling == "on"}
+    llm_kwargs = {"device_sampling": args.device_sampling == "on", "n_threads_sample": args.sample_threads}
     widths = [int(w) for w in args.widths.split(",")]
     result: dict = {"model": Path(args.model).name, "backend": args.backend, "threads": args.threads,
                     "date": str(datetime.date.today()), "host": platform.node(),
-                    "device_sampling": args.device_sampling}
+                    "device_sampling": args.device_sampling, "n_threads_sample": args.sample_threads}
 
     def save():   # after every section: a run cut short still leaves what it measured
         (out / "engine.json").write_text(json.dumps(result, indent=2))
@@ -237,6 +239,7 @@ def main() -> int:
     lines = [f"### {result['model']}, {args.backend} ({s['placement']}) — {result['date']}, polyllama {commit}", "",
              f"command: `python benchmarks/bench_engine.py {' '.join(sys.argv[1:])}` "
              f"(flash attention on, {args.threads} threads, device sampling {args.device_sampling}, "
+             f"sample threads {args.sample_threads or 'default'}, "
              f"{args.rounds} rounds in turn; ratios: median (range))", "",
              "| single stream | llama-bench | polyllama | ratio |", "|---|---|---|---|",
              f"| tg{args.n_gen} generate | {s['llama_bench_tg']:.1f} | {s['polyllama_tg']:.1f} | "

@@ -246,6 +246,35 @@ def test_greedy_picked_in_the_decode_graph_equals_the_host_pick(model_path, expe
         assert m.engine.stats()["tokens_picked_on_device"] == 12 * len(PROMPTS) + 40 + 36
 
 
+def test_shared_scans_pick_what_one_thread_picks(model_path, expected):
+    # n_threads_sample > 1 on the CPU runs what GPU placements do by default: with fewer
+    # sequences than threads each plain greedy scan is cut into ranges (csrc/scan_pool.h),
+    # with more each sequence is one thread's job
+    with LLM(model_path, backend="cpu", n_threads=2, n_ctx=1024, n_seq_max=6, n_threads_sample=5) as m:
+        assert m.generate(PROMPTS[0], max_tokens=12).tokens == expected[PROMPTS[0]]
+        assert m.engine.stats()["tokens_picked_in_ranges"] == 12
+        # ignore_eos: the ranges skip the end-of-sequence token as the single scan does
+        with LLM(model_path, backend="cpu", n_threads=2, n_ctx=1024, n_seq_max=1) as one:
+            want = one.generate("Hi", max_tokens=40, ignore_eos=True).tokens
+            assert one.engine.stats()["tokens_picked_in_ranges"] == 0   # 1 thread on the CPU
+        assert m.generate("Hi", max_tokens=40, ignore_eos=True).tokens == want
+        assert m.engine.stats()["tokens_picked_in_ranges"] == 52
+        # two plain ones in ranges beside a request with log-probabilities and one with a
+        # sampler chain (a neutral logit bias), which are whole jobs in the same pick
+        plain = [m.engine.submit(p, max_tokens=12) for p in PROMPTS[1:3]]
+        probs = m.engine.submit(PROMPTS[0], max_tokens=12, n_probs=2)
+        chain = m.engine.submit(PROMPTS[3], max_tokens=12, logit_bias={0: 0.0})
+        assert [r.result().tokens for r in plain] == [expected[p] for p in PROMPTS[1:3]]
+        res = probs.result()
+        assert res.tokens == expected[PROMPTS[0]] and len(res.logprobs) == 12
+        assert chain.result().tokens == expected[PROMPTS[3]]
+        assert m.engine.stats()["tokens_picked_in_ranges"] == 52 + 24
+        # as many sequences as threads or more: a job each, no ranges
+        reqs = [m.engine.submit(p, max_tokens=12) for p in PROMPTS]
+        assert [r.result().tokens for r in reqs] == [expected[p] for p in PROMPTS]
+        assert m.engine.stats()["tokens_picked_in_ranges"] == 52 + 24
+
+
 def test_device_sampling_must_be_a_bool(model_path):
     with pytest.raises(TypeError, match=r"^device_sampling must be True or False, not 'yes'$"):
         LLM(model_path, backend="cpu", device_sampling="yes")

@@ -25,14 +25,16 @@ def step_breakdown(before: dict, after: dict) -> dict:
     """Where the engine's steps went between two `Engine.stats()`, in µs per step:
     `launch` (inside llama_decode: graph build, inputs, queueing; llama.cpp's tools pay it
     too), `wait` (for the device), `sample` (picking tokens), `other` (the rest of the step:
-    admitting, batch rows, text, handing out)."""
+    admitting, batch rows, text, handing out); and `in_ranges`, the picks per step whose scan
+    several threads shared (n_threads_sample)."""
     d = {k: after[k] - before[k] for k in ("steps", "decode_seconds", "wait_seconds", "sample_seconds",
-                                           "step_seconds")}
+                                           "step_seconds", "tokens_picked_in_ranges")}
     n = max(1, d["steps"])
     per = {"launch": d["decode_seconds"] - d["wait_seconds"], "wait": d["wait_seconds"],
            "sample": d["sample_seconds"],
            "other": d["step_seconds"] - d["decode_seconds"] - d["sample_seconds"]}
     out = {k: v / n * 1e6 for k, v in per.items()}
+    out["in_ranges"] = d["tokens_picked_in_ranges"] / n
     out["steps"] = d["steps"]
     return out
 

@@ -361,6 +361,10 @@ class LLM:
     rpc_timeout: seconds one call that reaches a remote device (load, decode, free) may
         take before its server counts as lost (default polyllama.rpc.DEFAULT_TIMEOUT). A
         server that dies is noticed at once; this bounds one that hangs.
+    n_threads_sample: threads that pick the next tokens between two decodes (None: 1 when
+        the model runs on the CPU, whose cores ggml needs; half the cores, at most 8, when
+        it is offloaded). They share the arg-max scans over the logits: a sequence each
+        when many run, ranges of one sequence's logits when few do.
     device_sampling: True: plain greedy requests pick their token inside the decode
         graph, so that only the token id comes back from the device instead of n_vocab
         logits (llama.cpp's backend sampling; never through RPC). Requests with logprobs, a
@@ -375,7 +379,8 @@ class LLM:
                  tensor_split: Sequence[float] | None = None, main_device=None,
                  fallback: bool = True, n_ctx: int = 4096, n_batch: int = 2048,
                  n_ubatch: int = 512, n_threads: int | None = None,
-                 n_threads_batch: int | None = None, n_seq_max: int = 8, kv_unified: bool = True,
+                 n_threads_batch: int | None = None, n_threads_sample: int | None = None,
+                 n_seq_max: int = 8, kv_unified: bool = True,
                  flash_attn: str = "auto", memory_margin: int = DEFAULT_MARGIN,
                  progress: Callable[[float], Any] | None = None, chat_template: str | None = None,
                  rpc_servers: Sequence[str] | None = None, rpc_timeout: float | None = None,
@@ -420,8 +425,9 @@ class LLM:
         if progress is not None and not callable(progress):
             raise TypeError("progress must be callable(fraction)")
         threads = n_threads if n_threads is not None else (os.cpu_count() or 4)
-        for name, v in (("n_threads", threads), ("n_threads_batch", n_threads_batch)):
-            if v is None and name == "n_threads_batch":
+        for name, v in (("n_threads", threads), ("n_threads_batch", n_threads_batch),
+                        ("n_threads_sample", n_threads_sample)):
+            if v is None:
                 continue
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"{name} must be a positive int or None, not {v!r}")
@@ -442,6 +448,7 @@ class LLM:
         self._cparams = dict(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
                              n_threads=threads, n_threads_batch=n_threads_batch or threads,
                              flash_attn=flash_attn, kv_unified=kv_unified)
+        self._n_threads_sample = n_threads_sample
 
         if rpc_timeout is not None and (isinstance(rpc_timeout, bool)
                                         or not isinstance(rpc_timeout, (int, float))):
@@ -555,7 +562,8 @@ class LLM:
         offloaded = on_gpu and mp.n_gpu_layers != 0
         # aligned slot regions buy exact CPU results (ARCHITECTURE.md §6.3) for some unused
         # cells; GPU kernels are not exact across batch shapes anyway, so they go without
-        self._engine = Engine(self, llamacpp.Engine(ctx, default_sample_threads(offloaded),
+        n_sample = self._n_threads_sample or default_sample_threads(offloaded)
+        self._engine = Engine(self, llamacpp.Engine(ctx, n_sample,
                                                 aligned_regions=not offloaded,
                                                 device_sampling=self._device_sampling))
         mem = ctx.memory()

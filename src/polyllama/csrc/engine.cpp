@@ -5,6 +5,7 @@
 #include "greedy.h"
 #include "guard.h"
 #include "remote.h"
+#include "scan_pool.h"
 
 #include <algorithm>
 #include <chrono>
@@ -162,77 +163,6 @@ struct engine::sequence {
     }
 };
 
-struct engine::pool {
-    std::vector<std::thread> threads;
-    std::mutex m;
-    std::condition_variable cv, done;
-    const std::function<void(int)> * job = nullptr;
-    int n = 0;
-    std::atomic<int> next{0};
-    int running = 0;
-    uint64_t generation = 0;
-    bool quit = false;
-
-    explicit pool(int n_threads) {
-        for (int t = 0; t < n_threads; t++) {
-            threads.emplace_back([this] { loop(); });
-        }
-    }
-    ~pool() {
-        {
-            std::lock_guard<std::mutex> lk(m);
-            quit = true;
-        }
-        cv.notify_all();
-        for (auto & t : threads) {
-            t.join();
-        }
-    }
-    void loop() {
-        uint64_t seen = 0;
-        for (;;) {
-            const std::function<void(int)> * f;
-            int count;
-            {
-                std::unique_lock<std::mutex> lk(m);
-                cv.wait(lk, [&] { return quit || generation != seen; });
-                if (quit) {
-                    return;
-                }
-                seen = generation;
-                f = job;
-                count = n;
-                running++;
-            }
-            for (int i; (i = next.fetch_add(1)) < count;) {
-                (*f)(i);
-            }
-            {
-                std::lock_guard<std::mutex> lk(m);
-                running--;
-            }
-            done.notify_all();
-        }
-    }
-    // f(0..count-1) on the workers and the calling thread
-    void run(int count, const std::function<void(int)> & f) {
-        {
-            std::lock_guard<std::mutex> lk(m);
-            job = &f;
-            n = count;
-            next = 0;
-            generation++;
-        }
-        cv.notify_all();
-        for (int i; (i = next.fetch_add(1)) < count;) {
-            f(i);
-        }
-        std::unique_lock<std::mutex> lk(m);
-        done.wait(lk, [&] { return running == 0 && next.load() >= count; });
-        job = nullptr;
-    }
-};
-
 // ---- construction ---------------------------------------------------------------------
 engine::engine(llama_context * ctx, const llama_model * model, remote_worker * worker, double timeout_s,
                int sample_threads, bool aligned_regions, bool device_sampling)
@@ -261,7 +191,7 @@ engine::engine(llama_context * ctx, const llama_model * model, remote_worker * w
     device_sampling_ = device_sampling && worker == nullptr;
     sample_threads_ = std::max(1, sample_threads);
     if (sample_threads_ > 1) {
-        pool_ = std::make_unique<pool>(sample_threads_ - 1);
+        pool_ = std::make_unique<scan_pool>(sample_threads_ - 1);
     }
 }
 
@@ -922,9 +852,18 @@ void engine::sample_all(std::vector<sequence *> & ready) {
     if (ready.empty()) {
         return;
     }
+    if (pool_ && last_wait_s_ >= kSpinAfterWait) {
+        // the device should finish about as long after now as last time: the pool's
+        // helpers spin for the scans around then (scan_pool.h)
+        using namespace std::chrono;
+        const auto now  = scan_pool::clock::now();
+        const auto wait = duration<double>(std::min(last_wait_s_, 0.05));
+        pool_->expect(now + duration_cast<scan_pool::clock::duration>(wait * 0.75),
+                      now + duration_cast<scan_pool::clock::duration>(wait * 1.25 + duration<double>(150e-6)));
+    }
     // one synchronize for everybody, in this thread (llama_get_logits_ith synchronizes the
     // context too, and that is not safe from several threads at once)
-    wait_for_device();
+    last_wait_s_ = wait_for_device();
     const double t1 = now_s();
     int n_host = 0;
     for (auto * s : ready) {
@@ -937,24 +876,96 @@ void engine::sample_all(std::vector<sequence *> & ready) {
             n_host++;
         }
     }
-    // a device's pick is only read back: the workers are for scans of host logits
-    if (pool_ && n_host >= 4) {
-        std::function<void(int)> job = [&](int i) { sample_one(*ready[i]); };
-        pool_->run(static_cast<int>(ready.size()), job);
-    } else {
+    if (!pool_ || n_host == 0) {
+        // a device's pick is only read back: the helpers are for scans of host logits
         for (auto * s : ready) {
             sample_one(*s);
         }
+    } else {
+        sample_shared(ready, n_host);
     }
     stats_.sample_seconds += now_s() - t1;
 }
 
-void engine::wait_for_device() {
+// The pool's share of the picks: a job per sequence when there are at least as many
+// sequences as threads; else each plain greedy scan is cut into ranges (whole 256-float
+// blocks, at least kMinRange floats), one per thread between them, and merged in order,
+// which gives exactly argmax_f32's answer.
+void engine::sample_shared(std::vector<sequence *> & ready, int n_host) {
+    const int threads = pool_->threads();
+    struct range_job {
+        sequence * s;
+        int        begin, end;   // end 0: the whole of sample_one
+    };
+    std::vector<range_job> jobs;
+    std::vector<sequence *> split;
+    int per_seq = 1;
+    if (n_host < threads) {
+        per_seq = std::min((threads + n_host - 1) / n_host, std::max(1, n_vocab_ / kMinRange));
+    }
+    for (auto * s : ready) {
+        const bool plain = !s->on_device && s->logits != nullptr && s->p.n_probs == 0 &&
+                           (s->p.greedy || s->p.sampler == nullptr);
+        if (per_seq == 1 || !plain) {
+            jobs.push_back({s, 0, 0});
+            continue;
+        }
+        split.push_back(s);
+        const int len = ((n_vocab_ / per_seq + 255) / 256) * 256;
+        for (int b = 0; b < n_vocab_; b += len) {
+            jobs.push_back({s, b, std::min(n_vocab_, b + len)});
+        }
+    }
+    // argmax_f32's exclusion, done once around the ranges
+    std::vector<float> saved(split.size());
+    for (size_t k = 0; k < split.size(); k++) {
+        sequence & s = *split[k];
+        if (s.p.banned >= 0 && s.p.banned < n_vocab_) {
+            saved[k] = s.logits[s.p.banned];
+            s.logits[s.p.banned] = -std::numeric_limits<float>::max();
+        }
+    }
+    std::vector<argmax_part> parts(jobs.size());
+    std::function<void(int)> job = [&](int i) {
+        const range_job & j = jobs[i];
+        if (j.end == 0) {
+            sample_one(*j.s);
+        } else {
+            parts[i] = argmax_range(j.s->logits, j.begin, j.end);
+        }
+    };
+    pool_->run(static_cast<int>(jobs.size()), job);
+    for (size_t k = 0; k < split.size(); k++) {
+        sequence & s = *split[k];
+        if (s.p.banned >= 0 && s.p.banned < n_vocab_) {
+            s.logits[s.p.banned] = saved[k];
+        }
+        s.sample_error = ERROR_NONE;
+        s.top.clear();
+    }
+    // merge each split sequence's ranges, which are consecutive jobs in ascending order
+    for (size_t i = 0; i < jobs.size();) {
+        if (jobs[i].end == 0) {
+            i++;
+            continue;
+        }
+        sequence * s = jobs[i].s;
+        argmax_part best;
+        for (; i < jobs.size() && jobs[i].s == s; i++) {
+            argmax_merge(best, parts[i]);
+        }
+        s->token = best.index < 0 ? 0 : best.index;
+        stats_.tokens_picked_in_ranges++;
+    }
+}
+
+double engine::wait_for_device() {
     const double t0 = now_s();
     llama_synchronize(ctx_);
     const double waited = now_s() - t0;
     stats_.decode_seconds += waited;
     stats_.wait_seconds += waited;
+    return waited;
 }
 
 int engine::decode(llama_batch & batch, std::string & err) {

@@ -44,6 +44,7 @@
 namespace polyllama {
 
 struct remote_worker;
+class scan_pool;
 
 enum finish_reason : int {
     FINISH_NONE      = 0,   // still running (or queued)
@@ -99,6 +100,7 @@ struct engine_stats {
     int64_t tokens_generated = 0;
     int64_t prompt_tokens_reused = 0;
     int64_t tokens_picked_on_device = 0;   // greedy tokens picked in the decode graph
+    int64_t tokens_picked_in_ranges = 0;   // greedy tokens whose scan several threads shared
     int32_t live = 0;                 // sequences in slots (prefill or generating)
     int32_t queued = 0;
     int32_t cached_slots = 0;         // idle slots holding a reusable prefix
@@ -164,13 +166,14 @@ class engine {
     bool decode_failed(int rc, const std::string & err, const std::vector<sequence *> & seqs,
                        std::vector<int64_t> & changed);
     void judge(sequence & s);
-    void wait_for_device();                     // llama_synchronize, timed into stats_
+    double wait_for_device();                   // llama_synchronize, timed into stats_; the wait
     void attach_device_samplers();
     bool read_prompts(std::vector<std::pair<sequence *, int>> & group, std::vector<sequence *> & ready,
                       std::vector<int64_t> & changed);
     void admit_locked(std::vector<int64_t> & changed);
     bool place(sequence & s, std::vector<int64_t> & changed);
     void sample_all(std::vector<sequence *> & ready);
+    void sample_shared(std::vector<sequence *> & ready, int n_host);
     void sample_one(sequence & s);
     int  decode(llama_batch & batch, std::string & err);
     void finish(sequence & s, int reason, int kind = ERROR_NONE, const std::string & err = "", int code = 0);
@@ -218,9 +221,13 @@ class engine {
     uint64_t              clock_ = 0;   // slot recency
     engine_stats          stats_;
 
-    // sampling workers for many sequences (GPU placements)
-    struct pool;
-    std::unique_ptr<pool> pool_;
+    // threads for the scans of logits (GPU placements): spread over sequences, or over
+    // ranges of one; they spin for the job only around when the device should finish,
+    // which the last wait foretells (scan_pool.h)
+    std::unique_ptr<scan_pool> pool_;
+    double                last_wait_s_ = 0.0;
+    static constexpr double kSpinAfterWait = 50e-6;   // shorter waits: no spinning
+    static constexpr int    kMinRange = 8192;         // floats: a range smaller costs more to hand out
 };
 
 }  // namespace polyllama

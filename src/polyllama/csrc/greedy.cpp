@@ -6,8 +6,8 @@
 // compared with the running maximum once per block. Only a block whose maximum is strictly
 // larger than every earlier one can hold the answer, so the first index of the maximum lies
 // in the last such block, and scanning that block alone keeps greedy's first-on-ties order.
-// NaN never wins a comparison, so it is never picked (except as index 0 when nothing else
-// is a number). `exclude` is overwritten with the lowest float for the scan, then restored.
+// NaN never wins a comparison, so it is never picked. `exclude` is overwritten with the
+// lowest float for the scan, then restored.
 // Measured on this 2-core build machine (AVX-512 CPU, AVX2 clone): 2.8 µs for 49,152 floats
 // and 7.6 µs for 128,256, against 14 and 38 µs for an 8-lane scalar scan.
 #include "greedy.h"
@@ -25,21 +25,21 @@ namespace polyllama {
 
 namespace {
 
+// The largest number of each whole block of p[begin..end) (blocks counted from begin)
+// against the best so far; returns where the blocks end. *best_b: the first block holding
+// the best (-1: none above -inf).
 POLYLLAMA_CPU_CLONES
-int argmax_blocks(const float * p, int n, int * tail) noexcept {
+int argmax_blocks(const float * p, int begin, int end, float * best, int * best_b) noexcept {
     constexpr int block = 256;
-    float best   = -std::numeric_limits<float>::infinity();
-    int   best_b = -1;
-    int   i      = 0;
+    int i = begin;
 #if defined(__GNUC__)
     typedef float v8 __attribute__((vector_size(32)));
-    for (; i + block <= n; i += block) {
-        v8 m0, m1, m2, m3, x;
-        std::memcpy(&m0, p + i, sizeof(v8));
-        std::memcpy(&m1, p + i + 8, sizeof(v8));
-        std::memcpy(&m2, p + i + 16, sizeof(v8));
-        std::memcpy(&m3, p + i + 24, sizeof(v8));
-        for (int k = 32; k < block; k += 32) {
+    const float ninf = -std::numeric_limits<float>::infinity();
+    for (; i + block <= end; i += block) {
+        // start from -inf, not from the first values: a NaN there would stay in its lane
+        v8 m0 = {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf};
+        v8 m1 = m0, m2 = m0, m3 = m0, x;
+        for (int k = 0; k < block; k += 32) {
             std::memcpy(&x, p + i + k, sizeof(v8));      m0 = x > m0 ? x : m0;
             std::memcpy(&x, p + i + k + 8, sizeof(v8));  m1 = x > m1 ? x : m1;
             std::memcpy(&x, p + i + k + 16, sizeof(v8)); m2 = x > m2 ? x : m2;
@@ -52,26 +52,39 @@ int argmax_blocks(const float * p, int n, int * tail) noexcept {
         for (int k = 1; k < 8; k++) {
             bm = m0[k] > bm ? m0[k] : bm;
         }
-        if (bm > best) {
-            best   = bm;
-            best_b = i / block;
+        if (bm > *best) {
+            *best   = bm;
+            *best_b = i;
         }
     }
 #endif
-    *tail = i;
-    int arg = 0;
+    return i;
+}
+
+}  // namespace
+
+argmax_part argmax_range(const float * p, int begin, int end) noexcept {
+    argmax_part r;
+    float best   = -std::numeric_limits<float>::infinity();
+    int   best_b = -1;
+    const int tail = argmax_blocks(p, begin, end, &best, &best_b);
     if (best_b >= 0) {
-        for (int j = best_b * block; j < best_b * block + block; j++) {
+        for (int j = best_b;; j++) {   // the block holds `best`: its first occurrence
             if (p[j] == best) {
-                arg = j;
+                r.index = j;
                 break;
             }
         }
     }
-    return arg;
+    for (int j = tail; j < end; j++) {   // what follows the last whole block
+        if (p[j] > best) {
+            best    = p[j];
+            r.index = j;
+        }
+    }
+    r.value = best;
+    return r;
 }
-
-}  // namespace
 
 int argmax_f32(float * p, int n, int exclude) noexcept {
     if (n <= 0) {
@@ -82,19 +95,11 @@ int argmax_f32(float * p, int n, int exclude) noexcept {
     if (excl) {
         p[exclude] = -std::numeric_limits<float>::max();
     }
-    int tail = 0;
-    int arg  = argmax_blocks(p, n, &tail);
-    float best = p[arg];
-    for (int j = tail; j < n; j++) {   // what follows the last whole block (or all of p)
-        if (p[j] > best) {
-            best = p[j];
-            arg  = j;
-        }
-    }
+    const argmax_part r = argmax_range(p, 0, n);
     if (excl) {
         p[exclude] = saved;
     }
-    return arg;
+    return r.index < 0 ? 0 : r.index;
 }
 
 }  // namespace polyllama

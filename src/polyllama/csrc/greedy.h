@@ -5,8 +5,24 @@
 
 namespace polyllama {
 
-// First index of the largest of p[0..n), never `exclude` (-1: none; p[exclude] is changed
-// during the call and restored).
+// The first index of the largest number in p[begin..end) that is above -inf (NaN never
+// wins), and that number; index -1 when there is none. A scan cut into ranges gives the
+// whole scan's answer by argmax_merge over the ranges in ascending order.
+struct argmax_part {
+    int   index = -1;
+    float value = 0.0f;
+};
+argmax_part argmax_range(const float * p, int begin, int end) noexcept;
+
+// `into` followed by the later range `next`: the larger, the earlier one on a tie
+inline void argmax_merge(argmax_part & into, const argmax_part & next) noexcept {
+    if (next.index >= 0 && (into.index < 0 || next.value > into.value)) {
+        into = next;
+    }
+}
+
+// argmax_range over all of p, never `exclude` (-1: none; p[exclude] is changed during the
+// call and restored); 0 when no number is above -inf.
 int argmax_f32(float * p, int n, int exclude) noexcept;
 
 }  // namespace polyllama

@@ -154,6 +154,7 @@ cdef extern from "engine.h" namespace "polyllama" nogil:
         int64_t tokens_generated
         int64_t prompt_tokens_reused
         int64_t tokens_picked_on_device
+        int64_t tokens_picked_in_ranges
         int32_t live
         int32_t queued
         int32_t cached_slots
