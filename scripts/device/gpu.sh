@@ -29,9 +29,12 @@ for step in $steps; do
     models)
       for shape in ${SHAPES:-1b 8b}; do
         f16=$models/llama-$shape-f16.gguf
-        [ -f "$f16" ] || python3 benchmarks/make_random_model.py --shape $shape -o "$f16" || exit 1
+        # written under .part names, renamed when whole: a command cut off by the device
+        # tool's limit leaves no half-written model for the next one to take as done
+        [ -f "$f16" ] || { python3 benchmarks/make_random_model.py --shape $shape -o "$f16.part" && mv "$f16.part" "$f16"; } || exit 1
         for t in ${QUANTS:-Q4_0 Q8_0}; do
-          [ -f "$models/llama-$shape-$t.gguf" ] || $q "$f16" "$models/llama-$shape-$t.gguf" $t "$(nproc)" >/dev/null 2>&1 || exit 1
+          m=$models/llama-$shape-$t.gguf
+          [ -f "$m" ] || { $q "$f16" "$m.part" $t "$(nproc)" >/dev/null 2>&1 && mv "$m.part" "$m"; } || exit 1
         done
       done
       ls -la "$models" | tee "$out/models.txt" ;;
