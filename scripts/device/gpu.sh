@@ -3,7 +3,7 @@
 # (1B and 8B shapes; F16, Q8_0, Q4_0), run the GPU tests, and run the benchmark harness for
 # every GPU backend of the build (CUDA, and Vulkan when it was built in).
 # Results go to $OUT (or ./device-out). Steps can be chosen: device/gpu.sh models tests bench
-# (default), and multi on a machine with two GPUs: tests/test_multi_gpu.py and
+# (default), engine (benchmarks/bench_engine.py; ENGINE_MODELS, ENGINE_ARGS, TAG), and multi on a machine with two GPUs: tests/test_multi_gpu.py and
 # benchmarks/bench_multi_gpu.py over MULTI_MODELS (default "llama-8b-Q4_0 llama-8b-f16";
 # write them first with SHAPES=8b QUANTS=Q4_0 ... models).
 # SHAPES (default "1b 8b") and QUANTS (default "Q4_0 Q8_0") pick the models written, QUANTIZE
@@ -23,7 +23,8 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 q=${QUANTIZE:-build/cmake/bin/llama-quantize}
 
 for step in $steps; do
-  if [ -f "$done_dir/$step" ]; then echo "device/gpu: $step already done on this machine"; continue; fi
+  mark=$step; [ "$step" = engine ] && mark=engine${TAG:-}
+  if [ -f "$done_dir/$mark" ]; then echo "device/gpu: $mark already done on this machine"; continue; fi
   t0=$(date +%s)
   case $step in
     models)
@@ -48,6 +49,15 @@ for step in $steps; do
       python3 -X faulthandler benchmarks/bench_multi_gpu.py --backend cuda --threads "$(nproc)" \
         $(for m in ${MULTI_MODELS:-llama-8b-Q4_0 llama-8b-f16}; do printf -- '--model %s ' "$models/$m.gguf"; done) \
         --out "$out/multi-gpu" 2>&1 | tee "$out/multi-gpu-bench.txt" ;;
+    engine)
+      # benchmarks/bench_engine.py on CUDA for each of ENGINE_MODELS (default "llama-1b-Q4_0
+      # llama-8b-Q4_0"), with ENGINE_ARGS (default "--widths 16,64 --rounds 2"); TAG names the
+      # run in $out (engine-<model><TAG>), so that two settings can run on one machine
+      for m in ${ENGINE_MODELS:-llama-1b-Q4_0 llama-8b-Q4_0}; do
+        python3 -X faulthandler benchmarks/bench_engine.py --model "$models/$m.gguf" --backend cuda \
+          --threads "$(nproc)" ${ENGINE_ARGS:---widths 16,64 --rounds 2} --out "$out/engine-$m${TAG:-}" \
+          2>&1 | tee "$out/engine-$m${TAG:-}.txt" || break
+      done ;;
     bench)
       gpu_backends=$(python3 -c 'from polyllama import devices
 print(",".join(dict.fromkeys(d.backend for d in devices() if d.type in ("GPU", "iGPU") and d.is_offload_target and not d.software)))')
@@ -58,5 +68,5 @@ print(",".join(dict.fromkeys(d.backend for d in devices() if d.type in ("GPU", "
   rc=${PIPESTATUS[0]}
   echo "device/gpu: $step $(( $(date +%s) - t0 )) s (exit $rc)" | tee -a "$out/steps.txt"
   # a failed step runs again next time; models needs no mark: it skips each file it has
-  [ "$rc" = 0 ] && [ "$step" != models ] && touch "$done_dir/$step"
+  [ "$rc" = 0 ] && [ "$step" != models ] && touch "$done_dir/$mark"
 done
