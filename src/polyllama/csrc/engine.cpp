@@ -852,15 +852,6 @@ void engine::sample_all(std::vector<sequence *> & ready) {
     if (ready.empty()) {
         return;
     }
-    if (pool_ && last_wait_s_ >= kSpinAfterWait) {
-        // the device should finish about as long after now as last time: the pool's
-        // helpers spin for the scans around then (scan_pool.h)
-        using namespace std::chrono;
-        const auto now  = scan_pool::clock::now();
-        const auto wait = duration<double>(std::min(last_wait_s_, 0.05));
-        pool_->expect(now + duration_cast<scan_pool::clock::duration>(wait * 0.75),
-                      now + duration_cast<scan_pool::clock::duration>(wait * 1.25 + duration<double>(150e-6)));
-    }
     // one synchronize for everybody, in this thread (llama_get_logits_ith synchronizes the
     // context too, and that is not safe from several threads at once)
     last_wait_s_ = wait_for_device();
@@ -934,7 +925,8 @@ void engine::sample_shared(std::vector<sequence *> & ready, int n_host) {
             parts[i] = argmax_range(j.s->logits, j.begin, j.end);
         }
     };
-    pool_->run(static_cast<int>(jobs.size()), job);
+    // a device that computed for a while will again: the helpers wait for the next pick
+    pool_->run(static_cast<int>(jobs.size()), job, last_wait_s_ >= kPacedWait);
     for (size_t k = 0; k < split.size(); k++) {
         sequence & s = *split[k];
         if (s.p.banned >= 0 && s.p.banned < n_vocab_) {

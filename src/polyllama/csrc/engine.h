@@ -222,11 +222,11 @@ class engine {
     engine_stats          stats_;
 
     // threads for the scans of logits (GPU placements): spread over sequences, or over
-    // ranges of one; they spin for the job only around when the device should finish,
-    // which the last wait foretells (scan_pool.h)
+    // ranges of one; between steps they wait for the next pick around when it is due
+    // (scan_pool.h) if the device, not the host, computed the last step
     std::unique_ptr<scan_pool> pool_;
     double                last_wait_s_ = 0.0;
-    static constexpr double kSpinAfterWait = 50e-6;   // shorter waits: no spinning
+    static constexpr double kPacedWait = 50e-6;       // a shorter wait: the host computed
     static constexpr int    kMinRange = 8192;         // floats: a range smaller costs more to hand out
 };
 

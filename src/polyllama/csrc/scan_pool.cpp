@@ -1,6 +1,6 @@
 // See scan_pool.h.
 //
-// The protocol, for one caller and any number of helpers:
+// The job protocol, for one caller and any number of helpers:
 // - run() publishes job_ and n_, zeroes finished_, then opens ticket_ with a new
 //   generation and item 0. It closes ticket_ only after finished_ reached n, and writes
 //   job_/n_ only while ticket_ is closed.
@@ -10,7 +10,11 @@
 //   helper reads again; a successful swap therefore means job_ and n_ belong to the item's
 //   generation, and the caller cannot return (nor end `f`'s life) before that item's
 //   finished_ increment.
+// The window for the next job is set before the ticket opens, so a helper that took part
+// in a job always finds the window that job foretold.
 #include "scan_pool.h"
+
+#include <algorithm>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -49,17 +53,6 @@ scan_pool::~scan_pool() {
     }
 }
 
-void scan_pool::expect(clock::time_point from, clock::time_point until) {
-    {
-        std::lock_guard<std::mutex> lk(m_);
-        spin_from_  = from;
-        spin_until_ = until;
-        windows_++;
-        wakes_++;
-    }
-    cv_.notify_all();
-}
-
 bool scan_pool::work() {
     bool ran = false;
     uint64_t t = ticket_.load();
@@ -84,73 +77,86 @@ bool scan_pool::work() {
 }
 
 void scan_pool::helper_loop() {
-    uint64_t seen = 0;       // the wake last acted on
-    uint64_t window = 0;     // the last window spun in, or whose job was run: used up
+    uint64_t seen = 0;       // the last wake acted on
+    uint64_t used = 0;       // the last window waited in
     std::unique_lock<std::mutex> lk(m_);
     for (;;) {
-        if (wakes_ == seen) {
-            sleeping_++;
-            sleeping_hint_.store(sleeping_);
-            cv_.wait(lk, [&] { return quit_ || wakes_ != seen; });
-            sleeping_--;
-            sleeping_hint_.store(sleeping_);
-        }
         if (quit_) {
             return;
         }
-        seen = wakes_;
         lk.unlock();
-        const bool ran = work();
+        work();
         lk.lock();
-        if (ran) {
-            window = windows_;
+        if (windows_ != used && clock::now() < window_until_) {
+            used = windows_;
+            const clock::time_point until = window_until_;
+            napping_++;
+            cv_.wait_until(lk, window_from_, [&] { return quit_ || wakes_ != seen; });
+            napping_--;
+            if (wakes_ != seen) {
+                seen = wakes_;   // a job came early and was big enough to wake us for
+                continue;
+            }
+            if (quit_) {
+                return;
+            }
+            lk.unlock();
+            // spin for the job until the window closes (reading the clock every 64 rounds),
+            // or until it came and others took all of it
+            const uint64_t before = ticket_.load() >> kIndexBits;
+            for (int k = 0;; k++) {
+                if (work() || ticket_.load() >> kIndexBits != before) {
+                    break;
+                }
+                if ((k & 63) == 63 && clock::now() >= until) {
+                    break;
+                }
+                cpu_relax();
+            }
+            lk.lock();
             continue;
         }
-        if (windows_ == window) {
-            continue;   // no new window: sleep
-        }
-        // a new window: wait for its start (a new wake, from run() or expect(), comes first)
-        while (!quit_ && wakes_ == seen && clock::now() < spin_from_) {
-            cv_.wait_until(lk, spin_from_);
-        }
-        if (quit_) {
-            return;
-        }
-        if (wakes_ != seen) {
-            continue;   // a job (or another window) arrived meanwhile
-        }
-        window = windows_;
-        const clock::time_point until = spin_until_;
-        lk.unlock();
-        // spin for the job until the window closes, reading the clock every 64 rounds
-        for (int k = 0;; k++) {
-            if (work()) {
-                break;
-            }
-            if ((k & 63) == 63 && clock::now() >= until) {
-                break;
-            }
-            cpu_relax();
-        }
-        lk.lock();
+        sleeping_++;
+        cv_.wait(lk, [&] { return quit_ || wakes_ != seen; });
+        sleeping_--;
+        seen = wakes_;
     }
 }
 
-void scan_pool::run(int n, const std::function<void(int)> & f) {
+void scan_pool::run(int n, const std::function<void(int)> & f, bool paced) {
     if (n <= 0) {
         return;
+    }
+    using std::chrono::microseconds;
+    const clock::time_point now = clock::now();
+    const clock::duration interval = now - last_run_;
+    last_run_ = now;
+    bool wake;
+    {
+        std::lock_guard<std::mutex> lk(m_);
+        if (paced && interval < std::chrono::milliseconds(100)) {
+            // the next job should come `interval` from now: wait for it from a tenth of that
+            // before (at least 100 µs: a napping thread wakes some tens of µs late) to two
+            // tenths after, each at most 1 ms
+            const clock::duration margin = std::clamp<clock::duration>(interval / 10, microseconds(100),
+                                                                       microseconds(1000));
+            window_from_  = now + interval - margin;
+            window_until_ = now + interval + 2 * margin;
+            windows_++;
+        }
+        // helpers asleep without a window: wake them to learn of the new one, or for a job
+        // with more items than threads; napping ones only for the latter
+        wake = (sleeping_ > 0 && (paced || n > threads())) || (napping_ > 0 && n > threads());
+        if (wake) {
+            wakes_++;
+        }
     }
     generation_++;
     job_.store(&f);
     n_.store(n);
     finished_.store(0);
     ticket_.store(generation_ << kIndexBits);
-    if (sleeping_hint_.load() > 0) {
-        // helpers outside an expected window: wake them (they may come too late to help)
-        {
-            std::lock_guard<std::mutex> lk(m_);
-            wakes_++;
-        }
+    if (wake) {
         cv_.notify_all();
     }
     work();

@@ -2,13 +2,15 @@
 // sequences wait for their token, ranges of one sequence's logits when few do.
 //
 // Why not a plain condition-variable pool: waking a sleeping thread takes longer (tens of
-// µs) than the scan it would share (a few µs per 64 KB of logits), so a lone sequence
-// gained nothing. The engine knows about when the device will finish (the last step's
-// wait) and tells the pool before it waits (expect()): the helpers sleep until shortly
-// before then and spin for the job over that window only, so the hand-off costs an atomic
-// read, and the cores are not kept busy for the rest of the step. A job that comes outside
-// the window wakes sleeping helpers the slow way; the calling thread starts on it at once
-// and does whatever the helpers do not take, so a missed window is slower, never wrong.
+// µs, and a system call of the stepping thread) than the scan it would share (a few µs per
+// 64 KB of logits), so a lone sequence gained nothing. Steps of a running generation come
+// at a steady pace, so each run() foretells the next one (now + the time since the last):
+// after their share of a job the helpers nap until shortly before the next is due, then
+// spin for it over a short window. Neither side makes a system call while the pace holds,
+// and the cores are free for the rest of the step. A job that comes outside the window is
+// started by the calling thread at once, which does whatever the helpers do not take, so
+// a missed window is slower, never wrong; helpers whose window passed without a job sleep
+// until the next run() wakes them.
 #pragma once
 
 #include <atomic>
@@ -33,13 +35,12 @@ class scan_pool {
 
     int threads() const { return static_cast<int>(helpers_.size()) + 1; }   // with the caller
 
-    // A job is likely between `from` and `until`: helpers spin for it then, and sleep again
-    // after it (or after `until`).
-    void expect(clock::time_point from, clock::time_point until);
-
     // f(0) .. f(n-1), each once, on the helpers and the calling thread; returns when all
-    // have returned. One caller at a time.
-    void run(int n, const std::function<void(int)> & f);
+    // have returned. One caller at a time. paced: the next job should come about as long
+    // after this one as this one after the last (a device computes in between), so the
+    // helpers wait for it in a window; false where the caller's own cores compute the next
+    // step (the CPU backend), which spinning helpers would slow down.
+    void run(int n, const std::function<void(int)> & f, bool paced);
 
   private:
     // The job's state in one word, so a helper claims an item and checks that the job is
@@ -56,15 +57,16 @@ class scan_pool {
     std::atomic<int> n_{0};
     std::atomic<int> finished_{0};
     uint64_t generation_ = 0;            // the caller's
+    clock::time_point last_run_{};       // the caller's
 
     std::mutex m_;
     std::condition_variable cv_;
-    uint64_t wakes_ = 0;                 // under m_: bumped by expect() and by run()
-    uint64_t windows_ = 0;               // under m_: bumped by expect()
-    int      sleeping_ = 0;              // under m_
-    clock::time_point spin_from_{}, spin_until_{};   // under m_
+    uint64_t wakes_ = 0;                 // under m_: run() woke the helpers
+    uint64_t windows_ = 0;               // under m_: run() foretold the next job
+    clock::time_point window_from_{}, window_until_{};   // under m_
+    int      sleeping_ = 0;              // under m_: helpers with no window, until a wake
+    int      napping_ = 0;               // under m_: helpers waiting for their window
     bool     quit_ = false;              // under m_
-    std::atomic<int> sleeping_hint_{0};  // sleeping_, read by run() without the lock
 
     std::vector<std::thread> helpers_;
 };
