@@ -3,8 +3,8 @@
 # (1B and 8B shapes; F16, Q8_0, Q4_0), run the GPU tests, and run the benchmark harness for
 # every GPU backend of the build (CUDA, and Vulkan when it was built in).
 # Results go to $OUT (or ./device-out). Steps can be chosen: device/gpu.sh models tests bench
-# (default), engine (benchmarks/bench_engine.py; ENGINE_MODELS, ENGINE_ARGS, TAG), and multi on a machine with two GPUs: tests/test_multi_gpu.py and
-# benchmarks/bench_multi_gpu.py over MULTI_MODELS (default "llama-8b-Q4_0 llama-8b-f16";
+# (default), engine (benchmarks/bench_engine.py; ENGINE_MODELS, ENGINE_ARGS, TAG), and multi
+# on a machine with two GPUs: tests/test_multi_gpu.py and benchmarks/bench_multi_gpu.py over MULTI_MODELS (default "llama-8b-Q4_0 llama-8b-f16";
 # write them first with SHAPES=8b QUANTS=Q4_0 ... models).
 # SHAPES (default "1b 8b") and QUANTS (default "Q4_0 Q8_0") pick the models written, QUANTIZE
 # the llama-quantize to use (default build/cmake/bin's), and
@@ -23,7 +23,7 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 q=${QUANTIZE:-build/cmake/bin/llama-quantize}
 
 for step in $steps; do
-  mark=$step; [ "$step" = engine ] && mark=engine${TAG:-}
+  mark=$step; [ "$step" = engine ] && mark="engine${TAG:-}-$(echo ${ENGINE_MODELS:-default} | tr ' ' +)"
   if [ -f "$done_dir/$mark" ]; then echo "device/gpu: $mark already done on this machine"; continue; fi
   t0=$(date +%s)
   case $step in

@@ -856,15 +856,35 @@ void engine::sample_all(std::vector<sequence *> & ready) {
     // context too, and that is not safe from several threads at once)
     last_wait_s_ = wait_for_device();
     const double t1 = now_s();
+    // llama_get_logits_ith synchronizes the context on every call (1-2 µs on an idle CUDA
+    // stream, 64 times a step at 64 sequences): the first host row is looked up so, the
+    // others found from it by their rank among the batch's outputs, which are in batch
+    // order. Not while a device chain is attached: llama.cpp then keeps sampled rows apart.
+    bool by_rank = true;
+    for (const auto & sl : slots_) {
+        by_rank = by_rank && sl.chain == nullptr;
+    }
+    float * first = nullptr;
+    int first_rank = 0;
     int n_host = 0;
     for (auto * s : ready) {
         if (s->on_device) {
             s->logits = nullptr;
             s->device_token = llama_get_sampled_token_ith(ctx_, s->logits_row);
             stats_.tokens_picked_on_device++;
-        } else {
-            s->logits = llama_get_logits_ith(ctx_, s->logits_row);
-            n_host++;
+            continue;
+        }
+        n_host++;
+        const int row = s->logits_row;
+        const bool ranked = by_rank && row >= 0 && row < static_cast<int>(out_rank_.size()) && out_rank_[row] >= 0;
+        if (ranked && first != nullptr) {
+            s->logits = first + static_cast<size_t>(out_rank_[row] - first_rank) * n_vocab_;
+            continue;
+        }
+        s->logits = llama_get_logits_ith(ctx_, row);
+        if (ranked && s->logits != nullptr) {
+            first = s->logits;
+            first_rank = out_rank_[row];
         }
     }
     if (!pool_ || n_host == 0) {
@@ -880,8 +900,9 @@ void engine::sample_all(std::vector<sequence *> & ready) {
 
 // The pool's share of the picks: a job per sequence when there are at least as many
 // sequences as threads; else each plain greedy scan is cut into ranges (whole 256-float
-// blocks, at least kMinRange floats), one per thread between them, and merged in order,
-// which gives exactly argmax_f32's answer.
+// blocks, at least kMinRange floats), two per thread between them so that a helper that
+// comes late leaves less for the others to wait on, and merged in order, which gives
+// exactly argmax_f32's answer.
 void engine::sample_shared(std::vector<sequence *> & ready, int n_host) {
     const int threads = pool_->threads();
     struct range_job {
@@ -892,7 +913,7 @@ void engine::sample_shared(std::vector<sequence *> & ready, int n_host) {
     std::vector<sequence *> split;
     int per_seq = 1;
     if (n_host < threads) {
-        per_seq = std::min((threads + n_host - 1) / n_host, std::max(1, n_vocab_ / kMinRange));
+        per_seq = std::min(2 * ((threads + n_host - 1) / n_host), std::max(1, n_vocab_ / kMinRange));
     }
     for (auto * s : ready) {
         const bool plain = !s->on_device && s->logits != nullptr && s->p.n_probs == 0 &&
@@ -1048,6 +1069,13 @@ int engine::run_decode(int n, std::string & err) {
     stats_.decode_seconds += now_s() - t0;
     if (rc == 0) {
         stats_.tokens_decoded += n;
+        // where each row's logits will be: llama.cpp keeps the outputs in batch order
+        out_rank_.assign(n, -1);
+        for (int i = 0, r = 0; i < n; i++) {
+            if (batch_.logits[i]) {
+                out_rank_[i] = r++;
+            }
+        }
         for (auto * c : retired_) {   // see attach_device_samplers
             llama_sampler_free(c);
         }

@@ -203,6 +203,7 @@ class engine {
     int                   sample_threads_;
     bool                  device_sampling_ = false;
     std::vector<llama_sampler *> retired_;    // detached device chains, freed after the next decode
+    std::vector<int>      out_rank_;          // the last decode's batch rows: their output's rank, or -1
 
     std::mutex            mu_;          // requests, queue, outputs
     std::condition_variable cv_;        // output appeared / step ended / work arrived
