@@ -4,8 +4,9 @@
 # every GPU backend of the build (CUDA, and Vulkan when it was built in).
 # Results go to $OUT (or ./device-out). Steps can be chosen: device/gpu.sh models tests bench
 # (default), engine (benchmarks/bench_engine.py; ENGINE_MODELS, ENGINE_ARGS, TAG), and multi
-# on a machine with two GPUs: tests/test_multi_gpu.py and benchmarks/bench_multi_gpu.py over MULTI_MODELS (default "llama-8b-Q4_0 llama-8b-f16";
-# write them first with SHAPES=8b QUANTS=Q4_0 ... models).
+# on a machine with two GPUs: tests/test_multi_gpu.py and benchmarks/bench_multi_gpu.py
+# over MULTI_MODELS (default "llama-8b-Q4_0 llama-8b-f16"; write them first with
+# SHAPES=8b QUANTS=Q4_0 ... models).
 # SHAPES (default "1b 8b") and QUANTS (default "Q4_0 Q8_0") pick the models written, QUANTIZE
 # the llama-quantize to use (default build/cmake/bin's), and
 # BENCH_ARGS passes more options to benchmarks/bench_gpu.py (e.g. "--types Q4_0 -r 2").
