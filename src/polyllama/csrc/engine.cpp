@@ -947,7 +947,7 @@ void engine::sample_shared(std::vector<sequence *> & ready, int n_host) {
         }
     };
     // a device that computed for a while will again: the helpers wait for the next pick
-    pool_->run(static_cast<int>(jobs.size()), job, last_wait_s_ >= kPacedWait);
+    pool_->run(static_cast<int>(jobs.size()), job, last_wait_s_ >= kPacedWait, split.empty());
     for (size_t k = 0; k < split.size(); k++) {
         sequence & s = *split[k];
         if (s.p.banned >= 0 && s.p.banned < n_vocab_) {

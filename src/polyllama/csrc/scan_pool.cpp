@@ -123,7 +123,7 @@ void scan_pool::helper_loop() {
     }
 }
 
-void scan_pool::run(int n, const std::function<void(int)> & f, bool paced) {
+void scan_pool::run(int n, const std::function<void(int)> & f, bool paced, bool big) {
     if (n <= 0) {
         return;
     }
@@ -144,9 +144,9 @@ void scan_pool::run(int n, const std::function<void(int)> & f, bool paced) {
             window_until_ = now + interval + 2 * margin;
             windows_++;
         }
-        // helpers asleep without a window: wake them to learn of the new one, or for a job
-        // with more items than threads; napping ones only for the latter
-        wake = (sleeping_ > 0 && (paced || n > threads())) || (napping_ > 0 && n > threads());
+        // helpers asleep without a window: wake them to learn of the new one, or for a big
+        // job; napping ones only for a big job (the wake costs this thread microseconds)
+        wake = (sleeping_ > 0 && (paced || big)) || (napping_ > 0 && big);
         if (wake) {
             wakes_++;
         }

@@ -39,8 +39,9 @@ class scan_pool {
     // have returned. One caller at a time. paced: the next job should come about as long
     // after this one as this one after the last (a device computes in between), so the
     // helpers wait for it in a window; false where the caller's own cores compute the next
-    // step (the CPU backend), which spinning helpers would slow down.
-    void run(int n, const std::function<void(int)> & f, bool paced);
+    // step (the CPU backend), which spinning helpers would slow down. big: worth waking
+    // helpers that are not waiting for it (whole sequences' picks, tens of µs or more each).
+    void run(int n, const std::function<void(int)> & f, bool paced, bool big);
 
   private:
     // The job's state in one word, so a helper claims an item and checks that the job is
