@@ -335,8 +335,9 @@ class Engine:
 
 
 def default_sample_threads(on_gpu: bool) -> int:
-    """Threads that sample sequences in parallel: one on the CPU (ggml's own threads need
-    the cores), up to 8 when the model runs on a GPU and the host's cores are idle."""
+    """LLM(n_threads_sample=None): the threads that share the picks (csrc/scan_pool.h), one
+    on the CPU (ggml's own threads need the cores), half the cores and at most 8 when the
+    model runs on a GPU and the host's cores are idle."""
     if not on_gpu:
         return 1
     return max(1, min(8, (os.cpu_count() or 2) // 2))

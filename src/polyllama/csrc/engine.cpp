@@ -856,9 +856,9 @@ void engine::sample_all(std::vector<sequence *> & ready) {
     // context too, and that is not safe from several threads at once)
     last_wait_s_ = wait_for_device();
     const double t1 = now_s();
-    // llama_get_logits_ith synchronizes the context on every call (1-2 µs on an idle CUDA
-    // stream, 64 times a step at 64 sequences): the first host row is looked up so, the
-    // others found from it by their rank among the batch's outputs, which are in batch
+    // llama_get_logits_ith synchronizes the context on every call (a stream synchronize
+    // per backend, 64 times a step at 64 sequences): the first host row is looked up so,
+    // the others found from it by their rank among the batch's outputs, which are in batch
     // order. Not while a device chain is attached: llama.cpp then keeps sampled rows apart.
     bool by_rank = true;
     for (const auto & sl : slots_) {
