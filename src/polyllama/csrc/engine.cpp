@@ -189,9 +189,8 @@ engine::engine(llama_context * ctx, const llama_model * model, remote_worker * w
     // through an RPC worker llama_decode runs on another thread, with a timeout: keep the
     // context's sampler set out of that
     device_sampling_ = device_sampling && worker == nullptr;
-    sample_threads_ = std::max(1, sample_threads);
-    if (sample_threads_ > 1) {
-        pool_ = std::make_unique<scan_pool>(sample_threads_ - 1);
+    if (sample_threads > 1) {
+        pool_ = std::make_unique<scan_pool>(sample_threads - 1);
     }
 }
 
@@ -852,14 +851,14 @@ void engine::sample_all(std::vector<sequence *> & ready) {
     if (ready.empty()) {
         return;
     }
-    // one synchronize for everybody, in this thread (llama_get_logits_ith synchronizes the
-    // context too, and that is not safe from several threads at once)
+    // one synchronize for everybody, in this thread. llama_get_logits_ith synchronizes the
+    // context on every call too (a stream synchronize per backend, 64 times a step at 64
+    // sequences, and not safe from several threads at once): the first host row is looked
+    // up so, the others found from it by their rank among the batch's outputs, which are in
+    // batch order. Not while a device chain is attached: llama.cpp then keeps sampled rows
+    // apart.
     last_wait_s_ = wait_for_device();
     const double t1 = now_s();
-    // llama_get_logits_ith synchronizes the context on every call (a stream synchronize
-    // per backend, 64 times a step at 64 sequences): the first host row is looked up so,
-    // the others found from it by their rank among the batch's outputs, which are in batch
-    // order. Not while a device chain is attached: llama.cpp then keeps sampled rows apart.
     bool by_rank = true;
     for (const auto & sl : slots_) {
         by_rank = by_rank && sl.chain == nullptr;
@@ -910,7 +909,8 @@ void engine::sample_shared(std::vector<sequence *> & ready, int n_host) {
         int        begin, end;   // end 0: the whole of sample_one
     };
     std::vector<range_job> jobs;
-    std::vector<sequence *> split;
+    // argmax_f32's exclusion, held around the ranges of each split sequence
+    std::deque<excluded_logit> banned;
     int per_seq = 1;
     if (n_host < threads) {
         per_seq = std::min(2 * ((threads + n_host - 1) / n_host), std::max(1, n_vocab_ / kMinRange));
@@ -922,19 +922,10 @@ void engine::sample_shared(std::vector<sequence *> & ready, int n_host) {
             jobs.push_back({s, 0, 0});
             continue;
         }
-        split.push_back(s);
+        banned.emplace_back(s->logits, n_vocab_, s->p.banned);
         const int len = ((n_vocab_ / per_seq + 255) / 256) * 256;
         for (int b = 0; b < n_vocab_; b += len) {
             jobs.push_back({s, b, std::min(n_vocab_, b + len)});
-        }
-    }
-    // argmax_f32's exclusion, done once around the ranges
-    std::vector<float> saved(split.size());
-    for (size_t k = 0; k < split.size(); k++) {
-        sequence & s = *split[k];
-        if (s.p.banned >= 0 && s.p.banned < n_vocab_) {
-            saved[k] = s.logits[s.p.banned];
-            s.logits[s.p.banned] = -std::numeric_limits<float>::max();
         }
     }
     std::vector<argmax_part> parts(jobs.size());
@@ -946,16 +937,9 @@ void engine::sample_shared(std::vector<sequence *> & ready, int n_host) {
             parts[i] = argmax_range(j.s->logits, j.begin, j.end);
         }
     };
-    // a device that computed for a while will again: the helpers wait for the next pick
-    pool_->run(static_cast<int>(jobs.size()), job, last_wait_s_ >= kPacedWait, split.empty());
-    for (size_t k = 0; k < split.size(); k++) {
-        sequence & s = *split[k];
-        if (s.p.banned >= 0 && s.p.banned < n_vocab_) {
-            s.logits[s.p.banned] = saved[k];
-        }
-        s.sample_error = ERROR_NONE;
-        s.top.clear();
-    }
+    // a device that computed for a while will again: the helpers wait for the next pick;
+    // napping ones are woken only for whole sequences' picks
+    pool_->run(static_cast<int>(jobs.size()), job, last_wait_s_ >= kPacedWait, banned.empty());
     // merge each split sequence's ranges, which are consecutive jobs in ascending order
     for (size_t i = 0; i < jobs.size();) {
         if (jobs[i].end == 0) {
@@ -967,6 +951,8 @@ void engine::sample_shared(std::vector<sequence *> & ready, int n_host) {
         for (; i < jobs.size() && jobs[i].s == s; i++) {
             argmax_merge(best, parts[i]);
         }
+        s->sample_error = ERROR_NONE;
+        s->top.clear();
         s->token = best.index < 0 ? 0 : best.index;
         stats_.tokens_picked_in_ranges++;
     }

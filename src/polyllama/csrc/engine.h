@@ -200,7 +200,6 @@ class engine {
     bool                  can_shift_prefix_;   // partial seq_rm / seq_cp work (not recurrent)
     bool                  placement_ = false;  // slots have regions (unified cache, patch 0001)
     bool                  exact_ = true;       // CPU: keep each request's arithmetic its own (§6.3)
-    int                   sample_threads_;
     bool                  device_sampling_ = false;
     std::vector<llama_sampler *> retired_;    // detached device chains, freed after the next decode
     std::vector<int>      out_rank_;          // the last decode's batch rows: their output's rank, or -1

@@ -90,15 +90,8 @@ int argmax_f32(float * p, int n, int exclude) noexcept {
     if (n <= 0) {
         return 0;
     }
-    const bool  excl  = exclude >= 0 && exclude < n;
-    const float saved = excl ? p[exclude] : 0.0f;
-    if (excl) {
-        p[exclude] = -std::numeric_limits<float>::max();
-    }
+    const excluded_logit banned(p, n, exclude);
     const argmax_part r = argmax_range(p, 0, n);
-    if (excl) {
-        p[exclude] = saved;
-    }
     return r.index < 0 ? 0 : r.index;
 }
 

@@ -3,6 +3,8 @@
 // machine, 4% of the ~1 ms an H100 needs to decode a token of a 1B model.
 #pragma once
 
+#include <limits>
+
 namespace polyllama {
 
 // The first index of the largest number in p[begin..end) that is above -inf (NaN never
@@ -21,8 +23,32 @@ inline void argmax_merge(argmax_part & into, const argmax_part & next) noexcept 
     }
 }
 
-// argmax_range over all of p, never `exclude` (-1: none; p[exclude] is changed during the
-// call and restored); 0 when no number is above -inf.
+// While it lives, p[token] is the lowest float, so that no scan of p picks it; restored
+// when it goes. token -1 (or outside [0, n)): nothing is changed.
+class excluded_logit {
+  public:
+    excluded_logit(float * p, int n, int token) noexcept
+        : at_(token >= 0 && token < n ? p + token : nullptr) {
+        if (at_ != nullptr) {
+            saved_ = *at_;
+            *at_ = -std::numeric_limits<float>::max();
+        }
+    }
+    ~excluded_logit() {
+        if (at_ != nullptr) {
+            *at_ = saved_;
+        }
+    }
+    excluded_logit(const excluded_logit &) = delete;
+    excluded_logit & operator=(const excluded_logit &) = delete;
+
+  private:
+    float * at_;
+    float   saved_ = 0.0f;
+};
+
+// argmax_range over all of p, never `exclude` (-1: none; see excluded_logit); 0 when no
+// number is above -inf.
 int argmax_f32(float * p, int n, int exclude) noexcept;
 
 }  // namespace polyllama
