@@ -10,6 +10,11 @@ split_mode="tensor") it measures, in turn and from the same build:
     llama-batched-bench with the same -sm / -dev against polyllama's engine.
 Writes multi_gpu.md and multi_gpu.json into --out (issue #22; docs/benchmarks.md). Without
 two GPUs of the backend it says so and exits 2. Nothing here is a unit test.
+
+    python benchmarks/bench_multi_gpu.py --merge run1/multi_gpu.json run2/multi_gpu.json
+
+prints one table over several runs, every round of each pooled (how docs/benchmarks.md
+gives runs of one day on one machine).
 """
 from __future__ import annotations
 
@@ -43,17 +48,62 @@ def placements(g0, g1) -> list[tuple[str, dict, list[str], str, list[str], str]]
     ]
 
 
+def table(results: list[dict], widths: list[int]) -> list[str]:
+    """The markdown table of one or more runs' results (multi_gpu.json): per model and
+    placement, llama.cpp's median figure and polyllama's ratio to it, median (range) over
+    every round of every run."""
+    lines = ["| model | placement | rounds | pp512 llama-bench | pp512 ratio | tg128 llama-bench | tg128 ratio | "
+             + " | ".join(f"{w} prompts batched-bench | ratio" for w in widths) + " |",
+             "|---|---|---|---|---|---|---|" + "---|---|" * len(widths)]
+    pooled: dict = {}
+    for result in results:
+        for name, per in result["models"].items():
+            for label, rows in per.items():
+                pooled.setdefault((name, label), []).extend(rows)
+    for (name, label), rows in pooled.items():
+        pp = [r["polyllama"]["pp"] / r["llama_bench"]["pp"] for r in rows]
+        tg = [r["polyllama"]["tg"] / r["llama_bench"]["tg"] for r in rows]
+        cells = [name, label, str(len(rows)), f"{statistics.median(r['llama_bench']['pp'] for r in rows):.0f}",
+                 spread(pp, 100, 1, "%"), f"{statistics.median(r['llama_bench']['tg'] for r in rows):.1f}",
+                 spread(tg, 100, 1, "%")]
+        for w in widths:
+            # keyed by int in a live run, by str once read back from multi_gpu.json
+            def at(d: dict):
+                return d.get(w) or d.get(str(w))
+            have = [r for r in rows if at(r["batched_bench"]) and at(r["batched"])]
+            ratios = [at(r["batched"]) / at(r["batched_bench"]) for r in have]
+            cells += [f"{statistics.median(at(r['batched_bench']) for r in have):.0f}" if have else "-",
+                      spread(ratios, 100, 1, "%") if have else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def merge(paths: list[str]) -> int:
+    """Print the table of several runs' multi_gpu.json together (docs/benchmarks.md)."""
+    results = [json.loads(Path(p).read_text()) for p in paths]
+    widths = sorted({int(w) for r in results for per in r["models"].values() for rows in per.values()
+                     for row in rows for w in row["batched_bench"]})
+    print("\n".join(table(results, widths)))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", action="append", required=True, help="GGUF file (repeat for several)")
+    ap.add_argument("--model", action="append", help="GGUF file (repeat for several)")
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--widths", default="16", help="concurrent prompts, comma-separated")
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--bin-dir", default=str(ROOT / "build" / "cmake" / "bin"))
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="directory for multi_gpu.md and multi_gpu.json")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="instead of measuring: one table over these runs' multi_gpu.json, every round pooled")
     args = ap.parse_args()
+    if args.merge:
+        return merge(args.merge)
+    if not args.out or not args.model:
+        ap.error("--model and --out are required when measuring")
     gpus = [d for d in devices() if d.backend == args.backend and d.type in ("GPU", "iGPU")
             and d.is_offload_target and not d.software]
     if len(gpus) < 2:
@@ -93,22 +143,7 @@ def main() -> int:
     lines = [f"### Two GPUs: {result['gpus'][0]} and {result['gpus'][1]} — {result['date']}, polyllama {commit}", "",
              f"command: `python benchmarks/bench_multi_gpu.py {' '.join(sys.argv[1:])}` (flash attention on, "
              f"{args.threads} threads, {args.rounds} round(s) in turn; ratios: median (range))", "",
-             "| model | placement | pp512 llama-bench | pp512 ratio | tg128 llama-bench | tg128 ratio | "
-             + " | ".join(f"{w} prompts batched-bench | ratio" for w in widths) + " |",
-             "|---|---|---|---|---|---|" + "---|---|" * len(widths)]
-    for name, per in result["models"].items():
-        for label, rows in per.items():
-            pp = [r["polyllama"]["pp"] / r["llama_bench"]["pp"] for r in rows]
-            tg = [r["polyllama"]["tg"] / r["llama_bench"]["tg"] for r in rows]
-            cells = [name, label, f"{statistics.median(r['llama_bench']['pp'] for r in rows):.0f}",
-                     spread(pp, 100, 1, "%"), f"{statistics.median(r['llama_bench']['tg'] for r in rows):.1f}",
-                     spread(tg, 100, 1, "%")]
-            for w in widths:
-                ratios = [r["batched"][w] / r["batched_bench"][w] for r in rows if r["batched_bench"].get(w)]
-                cells += [f"{statistics.median(r['batched_bench'].get(w, 0) for r in rows):.0f}",
-                          spread(ratios, 100, 1, "%")]
-            lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
+             *table([result], widths)]
     (out / "multi_gpu.md").write_text("\n".join(lines) + "\n")
     save()
     print("\n".join(lines))

@@ -4,7 +4,8 @@
 # every GPU backend of the build (CUDA, and Vulkan when it was built in).
 # Results go to $OUT (or ./device-out). Steps can be chosen: device/gpu.sh models tests bench
 # (default), engine (benchmarks/bench_engine.py; ENGINE_MODELS, ENGINE_ARGS, TAG), and multi
-# on a machine with two GPUs: tests/test_multi_gpu.py and benchmarks/bench_multi_gpu.py
+# on a machine with two GPUs: tests/test_multi_gpu.py (multi-tests) and
+# benchmarks/bench_multi_gpu.py (multi-bench)
 # over MULTI_MODELS (default "llama-8b-Q4_0 llama-8b-f16"; write them first with
 # SHAPES=8b QUANTS=Q4_0 ... models).
 # SHAPES (default "1b 8b") and QUANTS (default "Q4_0 Q8_0") pick the models written, QUANTIZE
@@ -19,6 +20,9 @@ out=${OUT:-device-out}; mkdir -p "$out"
 models=${MODELS_DIR:-/tmp/polyllama-models}; mkdir -p "$models"
 done_dir=/tmp/polyllama-done; mkdir -p "$done_dir"
 steps=${*:-models tests bench}
+# multi is its two halves, each marked done on its own: a bench cut off by the 10-minute
+# limit does not run the tests again
+steps=$(for s in $steps; do [ "$s" = multi ] && echo multi-tests multi-bench || echo "$s"; done)
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 [ -d /tmp/lcp-site/llama_cpp ] && export PYTHONPATH=$PYTHONPATH:/tmp/lcp-site
 q=${QUANTIZE:-build/cmake/bin/llama-quantize}
@@ -44,9 +48,10 @@ for step in $steps; do
       python3 -m polyllama info | tee "$out/info.txt"
       POLYLLAMA_GPU_TEST_MODEL=$models/llama-1b-Q4_0.gguf python3 -m pytest -s -v -p no:cacheprovider \
         tests/test_gpu.py 2>&1 | tee "$out/gpu-tests.txt" ;;
-    multi)
+    multi-tests)
       POLYLLAMA_GPU_TEST_MODEL=$models/llama-1b-Q4_0.gguf python3 -m pytest -s -v -p no:cacheprovider \
-        tests/test_multi_gpu.py 2>&1 | tee "$out/multi-gpu-tests.txt"
+        tests/test_multi_gpu.py 2>&1 | tee "$out/multi-gpu-tests.txt" ;;
+    multi-bench)
       python3 -X faulthandler benchmarks/bench_multi_gpu.py --backend cuda --threads "$(nproc)" \
         $(for m in ${MULTI_MODELS:-llama-8b-Q4_0 llama-8b-f16}; do printf -- '--model %s ' "$models/$m.gguf"; done) \
         --out "$out/multi-gpu" 2>&1 | tee "$out/multi-gpu-bench.txt" ;;
