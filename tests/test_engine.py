@@ -221,29 +221,70 @@ def test_engine_facts_and_closed_errors(model_path):
         eng.submit("Hello", max_tokens=2)
 
 
-def test_greedy_picked_in_the_decode_graph_equals_the_host_pick(model_path, expected):
-    # device_sampling=True on the CPU runs the same graph stage as on a GPU
-    # (csrc/device_greedy.cpp): argmax inside llama_decode, only the token id read back
-    with LLM(model_path, backend="cpu", n_threads=2, n_ctx=1024, n_seq_max=3, device_sampling=True) as m:
-        reqs = [m.engine.submit(p, max_tokens=12) for p in PROMPTS]
-        # beside them, a request that needs its logits row (log-probabilities) reads it on the host
-        probs = m.engine.submit(PROMPTS[0], max_tokens=12, n_probs=2)
-        assert [r.result().tokens for r in reqs] == [expected[p] for p in PROMPTS]
-        res = probs.result()
-        assert res.tokens == expected[PROMPTS[0]] and len(res.logprobs) == 12
-        assert m.engine.stats()["tokens_picked_on_device"] == 12 * len(PROMPTS)
-        # ignore_eos bans the end-of-sequence token inside the graph too
-        with LLM(model_path, backend="cpu", n_threads=2, n_ctx=1024, n_seq_max=1) as host:
-            want = host.generate("Hi", max_tokens=40, ignore_eos=True).tokens
-            assert host.engine.stats()["tokens_picked_on_device"] == 0   # off by default
-        got = m.generate("Hi", max_tokens=40, ignore_eos=True).tokens
-        assert got == want and m.engine.stats()["tokens_picked_on_device"] == 12 * len(PROMPTS) + 40
-        # host-sampled requests in the slots whose device chains were detached, then picks
-        # on the device again (the order that corrupted the heap on lavapipe)
-        sampled = m.engine.submit(PROMPTS[1], max_tokens=8, temperature=0.7, seed=3, ignore_eos=True).result()
-        assert len(sampled.tokens) == 8
-        assert [r.tokens for r in m.generate(PROMPTS[:3], max_tokens=12)] == [expected[p] for p in PROMPTS[:3]]
-        assert m.engine.stats()["tokens_picked_on_device"] == 12 * len(PROMPTS) + 40 + 36
+def _tokens(m, prompts, **sp):
+    """Every prompt submitted before anybody waits, so the engine admits them in one step."""
+    reqs = [m.engine.submit(p, **sp) for p in prompts]
+    return [r.result().tokens for r in reqs]
+
+
+@pytest.mark.parametrize("kv_unified", [True, False])
+def test_greedy_picked_in_the_decode_graph_equals_the_host_pick(model_path, kv_unified):
+    # device_sampling=True on the CPU runs what it runs on a GPU (thirdparty patch 0004): a
+    # decode whose outputs are all plain greedy picks that ban the same token (or none) gets
+    # them from one arg-max in its graph, and only the token ids come back. With a KV cache
+    # per sequence llama.cpp cuts such a batch into several micro-batches whose picks are
+    # gathered in turn
+    kw = dict(backend="cpu", n_threads=2, n_ctx=1024, n_seq_max=3, kv_unified=kv_unified)
+    prompts = PROMPTS[:3]
+    with LLM(model_path, **kw) as host, LLM(model_path, device_sampling=True, **kw) as dev:
+        def picked():
+            return dev.engine.stats()["tokens_picked_on_device"]
+        want = _tokens(host, prompts, max_tokens=24, ignore_eos=True)
+        assert _tokens(dev, prompts, max_tokens=24, ignore_eos=True) == want
+        assert picked() == 3 * 24   # ignore_eos: the end-of-sequence token banned in the graph
+        plain = [host.engine.submit(p, max_tokens=12) for p in prompts]
+        plain = [r.result() for r in plain]
+        before = picked()
+        got = [r.result() for r in [dev.engine.submit(p, max_tokens=12) for p in prompts]]
+        assert [r.tokens for r in got] == [r.tokens for r in plain]
+        # every pick in the graph, the end-of-sequence ones included
+        assert picked() - before == sum(len(r.tokens) + (r.finish_reason == "stop") for r in got)
+        assert host.engine.stats()["tokens_picked_on_device"] == 0   # off by default
+
+        # a batch with an output that needs its logits (log-probabilities), or whose bans
+        # differ, is read on the host as a whole: the same tokens, none picked in the graph
+        before = picked()
+        reqs = [dev.engine.submit(p, max_tokens=12, ignore_eos=True) for p in prompts[:2]]
+        probs = dev.engine.submit(prompts[2], max_tokens=12, ignore_eos=True, n_probs=2)
+        assert [r.result().tokens for r in reqs] == [w[:12] for w in want[:2]]
+        assert probs.result().tokens == want[2][:12] and len(probs.result().logprobs) == 12
+        banned = dev.engine.submit(prompts[0], max_tokens=12, ignore_eos=True)
+        free = dev.engine.submit(prompts[1], max_tokens=12)
+        assert banned.result().tokens == want[0][:12] and free.result().tokens == plain[1].tokens
+        assert picked() == before
+        # a sampled request in the same slots, then picks in the graph again
+        assert len(dev.engine.submit(prompts[1], max_tokens=8, temperature=0.7, seed=3,
+                                     ignore_eos=True).result().tokens) == 8
+        assert _tokens(dev, prompts, max_tokens=24, ignore_eos=True) == want
+        assert picked() == before + 3 * 24
+
+
+def test_picks_in_the_graph_take_the_first_of_tied_logits(tmp_path):
+    # a model whose output rows are all equal: every logit ties, and llama.cpp's greedy pick
+    # (and polyllama's host scan) is the first token. ggml's CPU arg-max took the last one
+    # until patch 0004 made every arg-max kernel take the first
+    from gguf_corpus import write_synthetic_model
+
+    def same_rows(model):   # the output matrix is the token embedding (tied)
+        emb = next(t for t in model.tensors if t[0] == "token_embd.weight")[1]
+        emb[:] = emb[-1]
+    path = write_synthetic_model(tmp_path / "tied.gguf", same_rows)
+    for device_sampling in (False, True):
+        with LLM(path, backend="cpu", n_threads=2, n_ctx=256, n_seq_max=1, device_sampling=device_sampling) as m:
+            logits = m.logits("the cat")
+            assert min(logits) == max(logits)
+            assert m.generate("the cat", max_tokens=5, ignore_eos=True).tokens == [0] * 5
+            assert m.engine.stats()["tokens_picked_on_device"] == (5 if device_sampling else 0)
 
 
 def test_shared_scans_pick_what_one_thread_picks(model_path, expected):

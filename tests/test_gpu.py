@@ -167,8 +167,9 @@ def test_estimate_within_10_percent_of_actual_on_gpu(gpu_model, n_ctx):
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 def test_device_sampling_where_allowed_and_refused_elsewhere(gpu_model, backend):
-    # greedy picks in the decode graph, then host-sampled requests in the same slots (their
-    # chains detached), then picks again: the order that corrupted lavapipe's heap
+    # greedy picks in the decode graph (thirdparty patch 0004), then host-sampled requests
+    # in the same slots, then picks again: the order in which llama.cpp's per-sequence
+    # backend samplers, used here before, corrupted lavapipe's heap
     from polyllama import LLM, ConflictingArgumentsError
     from polyllama.backend_table import by_name
     if not by_name(backend).device_sampling:

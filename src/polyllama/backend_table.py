@@ -55,7 +55,9 @@ class Backend:
     system_libs: Tuple[Tuple[str, str], ...] = ()
     # LLM(device_sampling=True) is allowed: greedy picks in the decode graph were seen to run
     # there, host-sampled requests after them in the same slots included (ARCHITECTURE.md
-    # §4.7). On lavapipe that second part corrupted the heap inside ggml-vulkan.
+    # §4.7; CUDA with llama.cpp's per-sequence samplers, which patch 0004's batch-wide pick
+    # replaced, and not yet with that). On lavapipe the per-sequence samplers corrupted the
+    # heap inside ggml-vulkan.
     device_sampling: bool = False
 
     @property

@@ -365,13 +365,15 @@ class LLM:
         the model runs on the CPU, whose cores ggml needs; half the cores, at most 8, when
         it is offloaded). They share the arg-max scans over the logits: a sequence each
         when many run, ranges of one sequence's logits when few do.
-    device_sampling: True: plain greedy requests pick their token inside the decode
-        graph, so that only the token id comes back from the device instead of n_vocab
-        logits (llama.cpp's backend sampling; never through RPC). Requests with logprobs, a
-        sampler chain, or logits() still read the logits on the host. Off by default: on an
-        H100 it cost more in llama_decode than it saved (ARCHITECTURE.md §4.7). Allowed on the
-        backends the table marks (CPU, CUDA); elsewhere ConflictingArgumentsError, because on
-        lavapipe it corrupted ggml-vulkan's heap.
+    device_sampling: True: a step whose outputs are all plain greedy picks makes them
+        inside the decode graph, one arg-max over all rows, so that only the token ids come
+        back from the device instead of n_vocab logits each (thirdparty patch 0004; never
+        through RPC). A step with a request that needs logits (logprobs, a sampler chain,
+        logits()) reads them all on the host. Off by default: an earlier, per-sequence form
+        of it cost more in llama_decode on an H100 than it saved, and this one has not been
+        measured on a GPU yet (ARCHITECTURE.md §4.7). Allowed on the backends the table
+        marks (CPU, CUDA); elsewhere ConflictingArgumentsError, because on lavapipe the
+        per-sequence form corrupted ggml-vulkan's heap.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, backend: str | None = None,

@@ -1,7 +1,6 @@
 // The sequence engine (engine.h says what it does and why it is shaped this way).
 #include "engine.h"
 
-#include "device_greedy.h"
 #include "greedy.h"
 #include "guard.h"
 #include "remote.h"
@@ -117,8 +116,6 @@ struct engine::slot {
     std::vector<llama_token> cells;         // what the KV cache holds for this sequence id
     std::vector<uint8_t>     wide;          // per cell: computed in a micro-batch of >= 64 rows
     uint64_t last_used = 0;
-    llama_sampler * chain = nullptr;        // its device greedy chain, while attached
-    llama_token chain_banned = -1;
     int32_t  region_start = -1;             // its cells [start, start + len) of a unified cache
     int32_t  region_len = 0;                //   (64-aligned; patch 0001 puts position p at start + p)
 };
@@ -133,7 +130,7 @@ struct engine::sequence {
     int32_t  logits_row = -1;               // batch row of its logits after the last decode
     bool     cancel = false;                // under mu_
     bool     released = false;              // under mu_: nobody will read the output
-    bool     on_device = false;             // its greedy token is picked in the decode graph
+    bool     on_device = false;             // a plain greedy pick: the graph may make it
     std::vector<llama_token> generated;
 
     // this step's sample (set by sample_one, read by the stepper) and what it means
@@ -144,7 +141,6 @@ struct engine::sequence {
     std::string sample_error_text;
     std::vector<llama_token_data> cur;      // candidate scratch for sampler chains
     float *  logits = nullptr;              // its row of the last decode's logits (sample_all)
-    llama_token device_token = -1;          // or the token the device picked (on_device)
 
     // text
     std::string utf8_partial;
@@ -204,17 +200,6 @@ engine::~engine() {
     pool_.reset();
     if (!lost_) {
         llama_batch_free(batch_);   // else a thread blocked on a lost RPC server still reads it
-    }
-    // the context outlives the engine: it must not keep pointers to freed chains
-    for (auto & sl : slots_) {
-        if (sl.chain != nullptr) {
-            llama_set_sampler(ctx_, sl.id, nullptr);
-            retired_.push_back(sl.chain);
-            sl.chain = nullptr;
-        }
-    }
-    for (auto * c : retired_) {
-        llama_sampler_free(c);
     }
 }
 
@@ -763,14 +748,6 @@ static void add_sampled_logprob(std::vector<std::pair<llama_token, float>> & top
 void engine::sample_one(sequence & s) {
     s.sample_error = ERROR_NONE;
     s.top.clear();
-    if (s.on_device) {
-        s.token = s.device_token;
-        if (s.token < 0 || s.token >= n_vocab_) {
-            s.sample_error = ERROR_DECODE;
-            s.sample_error_text = "llama.cpp returned no token picked on the device for the sequence";
-        }
-        return;
-    }
     float * logits = s.logits;   // looked up by sample_all, in the stepping thread
     if (logits == nullptr) {
         s.sample_error = ERROR_DECODE;
@@ -855,27 +832,35 @@ void engine::sample_all(std::vector<sequence *> & ready) {
     // context on every call too (a stream synchronize per backend, 64 times a step at 64
     // sequences, and not safe from several threads at once): the first host row is looked
     // up so, the others found from it by their rank among the batch's outputs, which are in
-    // batch order. Not while a device chain is attached: llama.cpp then keeps sampled rows
-    // apart.
+    // batch order.
     last_wait_s_ = wait_for_device();
     const double t1 = now_s();
-    bool by_rank = true;
-    for (const auto & sl : slots_) {
-        by_rank = by_rank && sl.chain == nullptr;
+    if (picked_in_graph_) {
+        // the graph made every output's pick (run_decode): its token ids, in the same ranks
+        const int32_t * picks = llama_get_output_argmax(ctx_);
+        for (auto * s : ready) {
+            const int row = s->logits_row;
+            const int rank = row >= 0 && row < static_cast<int>(out_rank_.size()) ? out_rank_[row] : -1;
+            s->logits = nullptr;
+            s->top.clear();
+            s->sample_error = ERROR_NONE;
+            s->token = picks != nullptr && rank >= 0 ? picks[rank] : -1;
+            if (s->token < 0 || s->token >= n_vocab_) {
+                s->sample_error = ERROR_DECODE;
+                s->sample_error_text = "llama.cpp returned no token picked in the decode graph for the sequence";
+            }
+            stats_.tokens_picked_on_device++;
+        }
+        stats_.sample_seconds += now_s() - t1;
+        return;
     }
     float * first = nullptr;
     int first_rank = 0;
     int n_host = 0;
     for (auto * s : ready) {
-        if (s->on_device) {
-            s->logits = nullptr;
-            s->device_token = llama_get_sampled_token_ith(ctx_, s->logits_row);
-            stats_.tokens_picked_on_device++;
-            continue;
-        }
         n_host++;
         const int row = s->logits_row;
-        const bool ranked = by_rank && row >= 0 && row < static_cast<int>(out_rank_.size()) && out_rank_[row] >= 0;
+        const bool ranked = row >= 0 && row < static_cast<int>(out_rank_.size()) && out_rank_[row] >= 0;
         if (ranked && first != nullptr) {
             s->logits = first + static_cast<size_t>(out_rank_[row] - first_rank) * n_vocab_;
             continue;
@@ -887,7 +872,6 @@ void engine::sample_all(std::vector<sequence *> & ready) {
         }
     }
     if (!pool_ || n_host == 0) {
-        // a device's pick is only read back: the helpers are for scans of host logits
         for (auto * s : ready) {
             sample_one(*s);
         }
@@ -916,7 +900,7 @@ void engine::sample_shared(std::vector<sequence *> & ready, int n_host) {
         per_seq = std::min(2 * ((threads + n_host - 1) / n_host), std::max(1, n_vocab_ / kMinRange));
     }
     for (auto * s : ready) {
-        const bool plain = !s->on_device && s->logits != nullptr && s->p.n_probs == 0 &&
+        const bool plain = s->logits != nullptr && s->p.n_probs == 0 &&
                            (s->p.greedy || s->p.sampler == nullptr);
         if (per_seq == 1 || !plain) {
             jobs.push_back({s, 0, 0});
@@ -1037,9 +1021,22 @@ size_t engine::reusable_prefix(const slot & sl, const std::vector<llama_token> &
     return r;
 }
 
-int engine::run_decode(int n, std::string & err) {
+int engine::run_decode(int n, const std::vector<sequence *> & outs, std::string & err) {
     batch_.n_tokens = n;
+    // the graph makes the picks when every output of the batch is a plain greedy one and
+    // they ban the same token (or none); the setting is the context's, so it is put back
+    // after the decode (the graph is built inside llama_decode), and nothing else that
+    // decodes on this context (Context.decode) finds it on
+    bool in_graph = device_sampling_ && !outs.empty();
+    const llama_token ban = in_graph ? outs.front()->p.banned : -1;
+    for (const auto * s : outs) {
+        in_graph = in_graph && s->on_device && s->p.banned == ban;
+    }
+    picked_in_graph_ = false;
     const double t0 = now_s();
+    if (in_graph) {
+        llama_set_output_argmax(ctx_, true, ban);
+    }
     int rc = decode(batch_, err);
     if (rc == 1) {
         // no room in the KV cache (the engine's count is conservative, so this means cells
@@ -1052,9 +1049,13 @@ int engine::run_decode(int n, std::string & err) {
         }
         rc = decode(batch_, err);
     }
+    if (in_graph) {
+        llama_set_output_argmax(ctx_, false, -1);
+    }
     stats_.decode_seconds += now_s() - t0;
     if (rc == 0) {
         stats_.tokens_decoded += n;
+        picked_in_graph_ = in_graph;
         // where each row's logits will be: llama.cpp keeps the outputs in batch order
         out_rank_.assign(n, -1);
         for (int i = 0, r = 0; i < n; i++) {
@@ -1062,53 +1063,8 @@ int engine::run_decode(int n, std::string & err) {
                 out_rank_[i] = r++;
             }
         }
-        for (auto * c : retired_) {   // see attach_device_samplers
-            llama_sampler_free(c);
-        }
-        retired_.clear();
     }
     return rc;
-}
-
-// Under mu_ and the step lock, before the step decodes anything. A slot's device chain
-// follows its request: attached while a request that picks on the device runs there (kept
-// for the next one when it bans the same token), detached otherwise, because llama.cpp
-// runs every attached sampler each step, on a stand-in row when its sequence is not in the
-// batch. A detached chain may still be named by llama.cpp's previous graph, so it is freed
-// only after the next decode has built or reused one with the current samplers.
-void engine::attach_device_samplers() {
-    for (auto & sl : slots_) {
-        sequence * s = nullptr;
-        if (sl.owner) {
-            auto it = requests_.find(sl.owner);
-            if (it != requests_.end() && it->second->state != sequence::DONE) {
-                s = it->second.get();
-            }
-        }
-        const bool want = device_sampling_ && s != nullptr && s->on_device;
-        const llama_token banned = want ? s->p.banned : -1;
-        if (sl.chain != nullptr && (!want || sl.chain_banned != banned)) {
-            llama_set_sampler(ctx_, sl.id, nullptr);
-            retired_.push_back(sl.chain);
-            sl.chain = nullptr;
-        }
-        if (want && sl.chain == nullptr) {
-            llama_sampler * chain = device_greedy_chain(banned);
-            if (llama_set_sampler(ctx_, sl.id, chain)) {
-                sl.chain = chain;
-                sl.chain_banned = banned;
-            } else {
-                // the device lacks an op (llama.cpp logged which): everything on the host
-                llama_sampler_free(chain);
-                device_sampling_ = false;
-                for (auto & kv : requests_) {
-                    kv.second->on_device = false;
-                }
-                attach_device_samplers();   // detaches the others
-                return;
-            }
-        }
-    }
 }
 
 void engine::add_row(int i, llama_token token, llama_pos pos, int seq, bool logits) {
@@ -1185,12 +1141,15 @@ bool engine::read_prompts(std::vector<std::pair<sequence *, int>> & group, std::
         }
         s.logits_row = g.second == left ? n - 1 : -1;
     }
-    std::string err;
-    const int rc = run_decode(n, err);
-    std::vector<sequence *> seqs;
+    std::vector<sequence *> seqs, outs;
     for (const auto & g : group) {
         seqs.push_back(g.first);
+        if (g.first->logits_row >= 0) {
+            outs.push_back(g.first);
+        }
     }
+    std::string err;
+    const int rc = run_decode(n, outs, err);
     if (rc != 0) {
         return !decode_failed(rc, err, seqs, changed);
     }
@@ -1261,9 +1220,6 @@ int engine::step_body(std::vector<int64_t> & changed) {
             }
         }
         admit_locked(changed);
-        if (device_sampling_ || !retired_.empty()) {
-            attach_device_samplers();
-        }
         for (auto & kv : requests_) {
             if (kv.second->state == sequence::PREFILL || kv.second->state == sequence::GENERATING) {
                 active.push_back(kv.second.get());
@@ -1333,7 +1289,7 @@ int engine::step_body(std::vector<int64_t> & changed) {
     }
     if (n > 0) {
         std::string err;
-        const int rc = run_decode(n, err);
+        const int rc = run_decode(n, decoding, err);
         if (rc != 0) {
             if (decode_failed(rc, err, decoding, changed)) {
                 return 0;

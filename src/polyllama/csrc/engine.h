@@ -119,8 +119,9 @@ class engine {
     // regions of a unified cache, short prompt chunks read apart from long ones. Off on
     // GPUs, whose kernels are not exact across batch shapes anyway: regions leave cells
     // unused, and short prompts are read together there.
-    // device_sampling: plain greedy requests pick their token inside the decode graph
-    // (device_greedy.h) instead of copying their logits to the host; off for RPC.
+    // device_sampling: when every output of a batch is a plain greedy pick, the decode
+    // graph makes the picks (llama_set_output_argmax, thirdparty patch 0004) and only the
+    // token ids come back, not the logits; off for RPC.
     engine(llama_context * ctx, const llama_model * model, remote_worker * worker, double timeout_s,
            int sample_threads, bool aligned_regions, bool device_sampling = false);
     ~engine();
@@ -161,13 +162,13 @@ class engine {
     int  step_locked(std::vector<int64_t> & changed);   // step_body, timed
     int  step_body(std::vector<int64_t> & changed);
     size_t reusable_prefix(const slot & sl, const std::vector<llama_token> & prompt, size_t cap) const;
-    int  run_decode(int n, std::string & err);
+    // outs: the sequences with an output row in the batch
+    int  run_decode(int n, const std::vector<sequence *> & outs, std::string & err);
     void add_row(int i, llama_token token, llama_pos pos, int seq, bool logits);
     bool decode_failed(int rc, const std::string & err, const std::vector<sequence *> & seqs,
                        std::vector<int64_t> & changed);
     void judge(sequence & s);
     double wait_for_device();                   // llama_synchronize, timed into stats_; the wait
-    void attach_device_samplers();
     bool read_prompts(std::vector<std::pair<sequence *, int>> & group, std::vector<sequence *> & ready,
                       std::vector<int64_t> & changed);
     void admit_locked(std::vector<int64_t> & changed);
@@ -201,7 +202,7 @@ class engine {
     bool                  placement_ = false;  // slots have regions (unified cache, patch 0001)
     bool                  exact_ = true;       // CPU: keep each request's arithmetic its own (§6.3)
     bool                  device_sampling_ = false;
-    std::vector<llama_sampler *> retired_;    // detached device chains, freed after the next decode
+    bool                  picked_in_graph_ = false;   // the last decode made its outputs' picks
     std::vector<int>      out_rank_;          // the last decode's batch rows: their output's rank, or -1
 
     std::mutex            mu_;          // requests, queue, outputs
