@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from conftest import child_env
-from polyllama import LLM, devices, estimate_memory
+from polyllama import LLM, ConflictingArgumentsError, devices, estimate_memory
 from polyllama.gguf_check import read_gguf
 
 pytestmark = pytest.mark.gpu
@@ -214,3 +214,17 @@ def test_close_gives_back_the_memory_of_both(gpu_model):
     print(f"free memory before/after 20 cycles: {[b >> 20 for b in before]} / {[a >> 20 for a in after]} MiB")
     for b, a in zip(before, after):
         assert b - a <= 256 << 20, (before, after)
+
+
+def test_picks_in_the_graph_over_a_layer_split_and_refused_with_tensor_parallelism(gpu_model):
+    # device_sampling=True (patch 0004): the pick is made where the output layer is (the
+    # last GPU of a layer split); llama.cpp's tensor-parallel meta device is refused
+    with LLM(gpu_model, backend=BACKEND, device=G0.spec, n_gpu_layers=-1, n_ctx=1024) as one:
+        want = one.generate(PROMPT, max_tokens=16, ignore_eos=True).tokens
+    with LLM(gpu_model, backend=BACKEND, device=BOTH, split_mode="layer", n_gpu_layers=-1, n_ctx=1024,
+             device_sampling=True) as two:
+        assert two.generate(PROMPT, max_tokens=16, ignore_eos=True).tokens == want
+        assert two.engine.stats()["tokens_picked_on_device"] == 16
+    with pytest.raises(ConflictingArgumentsError, match=r"^device_sampling=True cannot be combined with "
+                                                         r"split_mode='tensor'"):
+        LLM(gpu_model, backend=BACKEND, device=BOTH, split_mode="tensor", n_gpu_layers=-1, device_sampling=True)

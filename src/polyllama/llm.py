@@ -510,6 +510,13 @@ class LLM:
             raise ConflictingArgumentsError(
                 f"device_sampling=True is not available on {cand.backend} (only on {allowed}): "
                 "it has not been seen to run safely there")
+        if self._device_sampling and cand.split_mode == "tensor" and len(cand.devices) > 1:
+            # llama.cpp's own backend sampling refuses tensor parallelism, and the graph's
+            # pick (patch 0004) has not run on its meta device
+            raise ConflictingArgumentsError(
+                "device_sampling=True cannot be combined with split_mode='tensor': the pick in the "
+                "decode graph has not run on llama.cpp's tensor-parallel device; use split_mode='layer' "
+                "or device_sampling=False")
         check_kv_fits_devices(self._gguf_meta, self._cparams["n_ctx"], cand)
         mp = model_params(cand)
         mp.use_mmap = self._use_mmap
