@@ -221,10 +221,14 @@ def test_engine_facts_and_closed_errors(model_path):
         eng.submit("Hello", max_tokens=2)
 
 
-def _tokens(m, prompts, **sp):
+def _results(m, prompts, **sp):
     """Every prompt submitted before anybody waits, so the engine admits them in one step."""
     reqs = [m.engine.submit(p, **sp) for p in prompts]
-    return [r.result().tokens for r in reqs]
+    return [r.result() for r in reqs]
+
+
+def _tokens(m, prompts, **sp):
+    return [r.tokens for r in _results(m, prompts, **sp)]
 
 
 @pytest.mark.parametrize("kv_unified", [True, False])
@@ -242,10 +246,9 @@ def test_greedy_picked_in_the_decode_graph_equals_the_host_pick(model_path, kv_u
         want = _tokens(host, prompts, max_tokens=24, ignore_eos=True)
         assert _tokens(dev, prompts, max_tokens=24, ignore_eos=True) == want
         assert picked() == 3 * 24   # ignore_eos: the end-of-sequence token banned in the graph
-        plain = [host.engine.submit(p, max_tokens=12) for p in prompts]
-        plain = [r.result() for r in plain]
+        plain = _results(host, prompts, max_tokens=12)
         before = picked()
-        got = [r.result() for r in [dev.engine.submit(p, max_tokens=12) for p in prompts]]
+        got = _results(dev, prompts, max_tokens=12)
         assert [r.tokens for r in got] == [r.tokens for r in plain]
         # every pick in the graph, the end-of-sequence ones included
         assert picked() - before == sum(len(r.tokens) + (r.finish_reason == "stop") for r in got)

@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -23,15 +24,16 @@ pytestmark = pytest.mark.gpu
 PROMPT = "The quick brown fox jumps over the lazy dog because"
 
 
-def _gpus_by_backend() -> dict:
+def _gpus_by_backend(listed) -> dict:
+    """{backend: its real GPUs} of a device list (Device objects, or their fields)."""
     by: dict = {}
-    for d in devices():
+    for d in listed:
         if d.type in ("GPU", "iGPU") and d.is_offload_target and not d.software:
             by.setdefault(d.backend, []).append(d)
-    return {b: ds for b, ds in by.items() if len(ds) >= 2}
+    return by
 
 
-PAIRS = _gpus_by_backend()
+PAIRS = {b: ds for b, ds in _gpus_by_backend(devices()).items() if len(ds) >= 2}
 if not PAIRS:
     pytest.skip("fewer than two GPUs of one backend in this build/machine", allow_module_level=True)
 BACKEND = "cuda" if "cuda" in PAIRS else sorted(PAIRS)[0]
@@ -52,34 +54,32 @@ def _cosine(a, b) -> float:
     return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
 
 
+_FIELDS = ("backend", "spec", "type", "is_offload_target", "software", "memory_total", "memory_free")
+
+
 def _listing_of_a_fresh_process() -> dict:
-    """{backend: [(spec, total, free)]} of the GPUs as a user's process lists them. Not this
-    one's: conftest.py sets GGML_VK_VISIBLE_DEVICES=0 (for lavapipe) before the extension
-    loads, which leaves the Vulkan view one GPU."""
+    """_gpus_by_backend of the devices as a user's process lists them. Not this one's:
+    conftest.py sets GGML_VK_VISIBLE_DEVICES=0 (for lavapipe) before the extension loads,
+    which leaves the Vulkan view one GPU."""
     code = ("import json\nfrom polyllama import devices\n"
-            "print(json.dumps([(d.backend, d.spec, d.memory_total, d.memory_free) for d in devices()\n"
-            "    if d.type in ('GPU', 'iGPU') and d.is_offload_target and not d.software]))")
+            f"print(json.dumps([{{k: getattr(d, k) for k in {_FIELDS!r}}} for d in devices()]))")
     env = child_env()
     env.pop("GGML_VK_VISIBLE_DEVICES", None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300, check=True).stdout
-    by: dict = {}
-    for backend, spec, total, free in json.loads(out.splitlines()[-1]):
-        by.setdefault(backend, []).append((spec, total, free))
-    return by
+    return _gpus_by_backend(SimpleNamespace(**d) for d in json.loads(out.splitlines()[-1]))
 
 
 def test_both_gpus_listed_with_memory_in_every_view():
     listed = _listing_of_a_fresh_process()
-    print({b: [(spec, total >> 20, free >> 20) for spec, total, free in gpus] for b, gpus in listed.items()})
+    print({b: [(g.spec, g.memory_total >> 20, g.memory_free >> 20) for g in gpus] for b, gpus in listed.items()})
     # the CUDA view always; the Vulkan view too where the build has it
     views = ["cuda"] + (["vulkan"] if any(d.backend == "vulkan" for d in devices()) else [])
     for backend in views:
-        gpus = listed.get(backend, [])
-        assert [spec for spec, _, _ in gpus[:2]] == [f"{backend}:0", f"{backend}:1"], (backend, listed)
-        for spec, total, free in gpus[:2]:
-            assert total > 1 << 30 and 0 < free <= total, (spec, total, free)
-
+        gpus = listed.get(backend, [])[:2]
+        assert [g.spec for g in gpus] == [f"{backend}:0", f"{backend}:1"], (backend, listed)
+        for g in gpus:
+            assert g.memory_total > 1 << 30 and 0 < g.memory_free <= g.memory_total, g
 
 def test_a_device_by_name_takes_every_layer_and_the_other_none(gpu_model):
     with LLM(gpu_model, backend=BACKEND, device=G0.spec, n_ctx=512) as warm:

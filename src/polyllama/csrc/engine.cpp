@@ -835,12 +835,15 @@ void engine::sample_all(std::vector<sequence *> & ready) {
     // batch order.
     last_wait_s_ = wait_for_device();
     const double t1 = now_s();
+    // a batch row's rank among the last decode's outputs, -1 if it had none
+    auto rank_of = [&](int row) {
+        return row >= 0 && row < static_cast<int>(out_rank_.size()) ? out_rank_[row] : -1;
+    };
     if (picked_in_graph_) {
         // the graph made every output's pick (run_decode): its token ids, in the same ranks
         const int32_t * picks = llama_get_output_argmax(ctx_);
         for (auto * s : ready) {
-            const int row = s->logits_row;
-            const int rank = row >= 0 && row < static_cast<int>(out_rank_.size()) ? out_rank_[row] : -1;
+            const int rank = rank_of(s->logits_row);
             s->logits = nullptr;
             s->top.clear();
             s->sample_error = ERROR_NONE;
@@ -856,27 +859,24 @@ void engine::sample_all(std::vector<sequence *> & ready) {
     }
     float * first = nullptr;
     int first_rank = 0;
-    int n_host = 0;
     for (auto * s : ready) {
-        n_host++;
-        const int row = s->logits_row;
-        const bool ranked = row >= 0 && row < static_cast<int>(out_rank_.size()) && out_rank_[row] >= 0;
-        if (ranked && first != nullptr) {
-            s->logits = first + static_cast<size_t>(out_rank_[row] - first_rank) * n_vocab_;
+        const int rank = rank_of(s->logits_row);
+        if (rank >= 0 && first != nullptr) {
+            s->logits = first + static_cast<size_t>(rank - first_rank) * n_vocab_;
             continue;
         }
-        s->logits = llama_get_logits_ith(ctx_, row);
-        if (ranked && s->logits != nullptr) {
+        s->logits = llama_get_logits_ith(ctx_, s->logits_row);
+        if (rank >= 0 && s->logits != nullptr) {
             first = s->logits;
-            first_rank = out_rank_[row];
+            first_rank = rank;
         }
     }
-    if (!pool_ || n_host == 0) {
+    if (!pool_) {
         for (auto * s : ready) {
             sample_one(*s);
         }
     } else {
-        sample_shared(ready, n_host);
+        sample_shared(ready);
     }
     stats_.sample_seconds += now_s() - t1;
 }
@@ -886,8 +886,9 @@ void engine::sample_all(std::vector<sequence *> & ready) {
 // blocks, at least kMinRange floats), two per thread between them so that a helper that
 // comes late leaves less for the others to wait on, and merged in order, which gives
 // exactly argmax_f32's answer.
-void engine::sample_shared(std::vector<sequence *> & ready, int n_host) {
+void engine::sample_shared(std::vector<sequence *> & ready) {
     const int threads = pool_->threads();
+    const int n_seq = static_cast<int>(ready.size());
     struct range_job {
         sequence * s;
         int        begin, end;   // end 0: the whole of sample_one
@@ -896,8 +897,8 @@ void engine::sample_shared(std::vector<sequence *> & ready, int n_host) {
     // argmax_f32's exclusion, held around the ranges of each split sequence
     std::deque<excluded_logit> banned;
     int per_seq = 1;
-    if (n_host < threads) {
-        per_seq = std::min(2 * ((threads + n_host - 1) / n_host), std::max(1, n_vocab_ / kMinRange));
+    if (n_seq < threads) {
+        per_seq = std::min(2 * ((threads + n_seq - 1) / n_seq), std::max(1, n_vocab_ / kMinRange));
     }
     for (auto * s : ready) {
         const bool plain = s->logits != nullptr && s->p.n_probs == 0 &&

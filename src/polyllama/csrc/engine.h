@@ -174,7 +174,7 @@ class engine {
     void admit_locked(std::vector<int64_t> & changed);
     bool place(sequence & s, std::vector<int64_t> & changed);
     void sample_all(std::vector<sequence *> & ready);
-    void sample_shared(std::vector<sequence *> & ready, int n_host);
+    void sample_shared(std::vector<sequence *> & ready);
     void sample_one(sequence & s);
     int  decode(llama_batch & batch, std::string & err);
     void finish(sequence & s, int reason, int kind = ERROR_NONE, const std::string & err = "", int code = 0);
