@@ -95,6 +95,11 @@ def main() -> int:
     ap.add_argument("--widths", default="16", help="concurrent prompts, comma-separated")
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--placements", default="one,layer,tensor",
+                    help="which of one (GPU), layer (split), tensor (split) to measure, comma-separated")
+    ap.add_argument("--device-sampling", choices=("on", "off"), default="off",
+                    help="LLM(device_sampling=True|False): greedy picks in the decode graph (not with "
+                         "tensor parallelism, which refuses it)")
     ap.add_argument("--bin-dir", default=str(ROOT / "build" / "cmake" / "bin"))
     ap.add_argument("--out", help="directory for multi_gpu.md and multi_gpu.json")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
@@ -114,8 +119,14 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     bin_dir = Path(args.bin_dir)
     widths = [int(w) for w in args.widths.split(",")]
+    wanted = args.placements.split(",")
+    if bad := [p for p in wanted if p not in ("one", "layer", "tensor")]:
+        ap.error(f"--placements: unknown {', '.join(bad)} (one, layer, tensor)")
+    if args.device_sampling == "on" and "tensor" in wanted:
+        ap.error("--device-sampling on: leave tensor out of --placements (LLM refuses the pair)")
     result: dict = {"date": str(datetime.date.today()), "host": platform.node(), "backend": args.backend,
-                    "gpus": [f"{g.name} ({g.description})" for g in (g0, g1)], "models": {}}
+                    "gpus": [f"{g.name} ({g.description})" for g in (g0, g1)],
+                    "device_sampling": args.device_sampling, "models": {}}
 
     def save():   # after every figure: a run cut short keeps what it measured
         (out / "multi_gpu.json").write_text(json.dumps(result, indent=2))
@@ -123,6 +134,9 @@ def main() -> int:
     for model in args.model:
         per = result["models"].setdefault(Path(model).name, {})
         for label, kw, sm, dev, bsm, bdev in placements(g0, g1):
+            if label.split()[0] not in wanted:
+                continue
+            kw = {**kw, "device_sampling": args.device_sampling == "on"}
             rows = []
             for _ in range(args.rounds):
                 ref = llama_bench(bin_dir / "llama-bench", model, args.threads, 512, 128, args.reps, 99, dev,
@@ -142,7 +156,7 @@ def main() -> int:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     lines = [f"### Two GPUs: {result['gpus'][0]} and {result['gpus'][1]} — {result['date']}, polyllama {commit}", "",
              f"command: `python benchmarks/bench_multi_gpu.py {' '.join(sys.argv[1:])}` (flash attention on, "
-             f"{args.threads} threads, {args.rounds} round(s) in turn; ratios: median (range))", "",
+             f"{args.threads} threads, device sampling {args.device_sampling}, {args.rounds} round(s) in turn; ratios: median (range))", "",
              *table([result], widths)]
     (out / "multi_gpu.md").write_text("\n".join(lines) + "\n")
     save()

@@ -7,7 +7,8 @@
 # on a machine with two GPUs: tests/test_multi_gpu.py (multi-tests) and
 # benchmarks/bench_multi_gpu.py (multi-bench)
 # over MULTI_MODELS (default "llama-8b-Q4_0 llama-8b-f16"; write them first with
-# SHAPES=8b QUANTS=Q4_0 ... models).
+# SHAPES=8b QUANTS=Q4_0 ... models), with MULTI_ARGS (more bench_multi_gpu.py options, e.g.
+# "--placements one,layer --device-sampling on") and TAG naming the run in $out.
 # SHAPES (default "1b 8b") and QUANTS (default "Q4_0 Q8_0") pick the models written, QUANTIZE
 # the llama-quantize to use (default build/cmake/bin's), and
 # BENCH_ARGS passes more options to benchmarks/bench_gpu.py (e.g. "--types Q4_0 -r 2").
@@ -29,6 +30,7 @@ q=${QUANTIZE:-build/cmake/bin/llama-quantize}
 
 for step in $steps; do
   mark=$step; [ "$step" = engine ] && mark="engine${TAG:-}-$(echo ${ENGINE_MODELS:-default} | tr ' ' +)"
+  [ "$step" = multi-bench ] && mark="multi-bench${TAG:-}"
   if [ -f "$done_dir/$mark" ]; then echo "device/gpu: $mark already done on this machine"; continue; fi
   t0=$(date +%s)
   case $step in
@@ -54,7 +56,7 @@ for step in $steps; do
     multi-bench)
       python3 -X faulthandler benchmarks/bench_multi_gpu.py --backend cuda --threads "$(nproc)" \
         $(for m in ${MULTI_MODELS:-llama-8b-Q4_0 llama-8b-f16}; do printf -- '--model %s ' "$models/$m.gguf"; done) \
-        --out "$out/multi-gpu" 2>&1 | tee "$out/multi-gpu-bench.txt" ;;
+        ${MULTI_ARGS:-} --out "$out/multi-gpu${TAG:-}" 2>&1 | tee "$out/multi-gpu-bench${TAG:-}.txt" ;;
     engine)
       # benchmarks/bench_engine.py on CUDA for each of ENGINE_MODELS (default "llama-1b-Q4_0
       # llama-8b-Q4_0"), with ENGINE_ARGS (default "--widths 16,64 --rounds 2"); TAG names the
