@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from polyllama.bench import (batched_bench, llama_batched_bench, llama_bench,  # noqa: E402
+from polyllama.bench import (DEVICE_SAMPLING, batched_bench, llama_batched_bench, llama_bench,  # noqa: E402
                              polyllama_bench, spread)
 
 
@@ -151,8 +151,9 @@ def main() -> int:
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--kv", default="unified,split", help="unified and/or split (KV per sequence)")
-    ap.add_argument("--device-sampling", choices=("on", "off"), default="off",
-                    help="LLM(device_sampling=True|False): greedy picks in the decode graph")
+    ap.add_argument("--device-sampling", choices=tuple(DEVICE_SAMPLING), default="auto",
+                    help="LLM(device_sampling=None|True|False): greedy picks in the decode graph (auto: "
+                         "the LLM's default, on where every layer is on CUDA)")
     ap.add_argument("--sample-threads", type=int, default=None,
                     help="LLM(n_threads_sample=N): threads that share the picks (default: LLM's own)")
     ap.add_argument("--server", action="store_true", help="also llama-server's slot engine")
@@ -175,7 +176,7 @@ def main() -> int:
         dev = next(d.name for d in devices() if d.backend == args.backend and d.is_offload_target
                    and not d.software)
     fa = "on"
-    llm_kwargs = {"device_sampling": args.device_sampling == "on", "n_threads_sample": args.sample_threads}
+    llm_kwargs = {"device_sampling": DEVICE_SAMPLING[args.device_sampling], "n_threads_sample": args.sample_threads}
     widths = [int(w) for w in args.widths.split(",")]
     result: dict = {"model": Path(args.model).name, "backend": args.backend, "threads": args.threads,
                     "date": str(datetime.date.today()), "host": platform.node(),

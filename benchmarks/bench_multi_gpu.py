@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from polyllama import devices  # noqa: E402
-from polyllama.bench import (batched_bench, llama_batched_bench, llama_bench,  # noqa: E402
+from polyllama.bench import (DEVICE_SAMPLING, batched_bench, llama_batched_bench, llama_bench,  # noqa: E402
                              polyllama_bench, spread)
 
 
@@ -97,9 +97,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--placements", default="one,layer,tensor",
                     help="which of one (GPU), layer (split), tensor (split) to measure, comma-separated")
-    ap.add_argument("--device-sampling", choices=("on", "off"), default="off",
-                    help="LLM(device_sampling=True|False): greedy picks in the decode graph (not with "
-                         "tensor parallelism, which refuses it)")
+    ap.add_argument("--device-sampling", choices=tuple(DEVICE_SAMPLING), default="auto",
+                    help="LLM(device_sampling=None|True|False): greedy picks in the decode graph (auto: the "
+                         "LLM's default, on where every layer is on CUDA, off with tensor parallelism; on: "
+                         "not with tensor parallelism, which refuses it)")
     ap.add_argument("--bin-dir", default=str(ROOT / "build" / "cmake" / "bin"))
     ap.add_argument("--out", help="directory for multi_gpu.md and multi_gpu.json")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
@@ -136,7 +137,7 @@ def main() -> int:
         for label, kw, sm, dev, bsm, bdev in placements(g0, g1):
             if label.split()[0] not in wanted:
                 continue
-            kw = {**kw, "device_sampling": args.device_sampling == "on"}
+            kw = {**kw, "device_sampling": DEVICE_SAMPLING[args.device_sampling]}
             rows = []
             for _ in range(args.rounds):
                 ref = llama_bench(bin_dir / "llama-bench", model, args.threads, 512, 128, args.reps, 99, dev,

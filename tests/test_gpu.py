@@ -177,7 +177,7 @@ def test_device_sampling_where_allowed_and_refused_elsewhere(gpu_model, backend)
             LLM(gpu_model, backend=backend, device_sampling=True)
         return
     prompts = ["The quick brown fox", "Once upon a time"]
-    with LLM(gpu_model, backend=backend, n_ctx=1024, n_seq_max=3) as host:
+    with LLM(gpu_model, backend=backend, n_ctx=1024, n_seq_max=3, device_sampling=False) as host:
         want = [r.tokens for r in host.generate(prompts, max_tokens=8, ignore_eos=True)]
     with LLM(gpu_model, backend=backend, n_ctx=1024, n_seq_max=3, device_sampling=True) as m:
         first = [r.tokens for r in m.generate(prompts, max_tokens=8, ignore_eos=True)]
@@ -190,6 +190,24 @@ def test_device_sampling_where_allowed_and_refused_elsewhere(gpu_model, backend)
     # tied values as the host's scan does (the random-weight test models repeat rows, so
     # their logits tie): the same tokens, over a 128k vocabulary on the test models
     assert first == want and again == want
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_device_sampling_by_default_only_where_every_layer_is_on_such_a_gpu(gpu_model, backend):
+    # LLM(device_sampling=None): greedy picks in the graph where the backend table makes it
+    # the default (CUDA) and the output layer is offloaded; with fewer layers the arg-max
+    # would run on the CPU's one-thread kernel
+    from polyllama import LLM
+    from polyllama.backend_table import by_name
+    default = by_name(backend).device_sampling_default
+    with LLM(gpu_model, backend=backend, n_gpu_layers=-1, n_ctx=1024) as m:
+        assert m.placement.device_sampling is default
+        m.generate("The quick brown fox", max_tokens=6, ignore_eos=True)
+        assert m.engine.stats()["tokens_picked_on_device"] == (6 if default else 0)
+    with LLM(gpu_model, backend=backend, n_gpu_layers=4, n_ctx=1024) as part:
+        assert part.placement.n_gpu_layers == 4 and not part.placement.device_sampling
+        part.generate("The quick brown fox", max_tokens=6, ignore_eos=True)
+        assert part.engine.stats()["tokens_picked_on_device"] == 0
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)

@@ -217,14 +217,21 @@ def test_close_gives_back_the_memory_of_both(gpu_model):
 
 
 def test_picks_in_the_graph_over_a_layer_split_and_refused_with_tensor_parallelism(gpu_model):
-    # device_sampling=True (patch 0004): the pick is made where the output layer is (the
-    # last GPU of a layer split); llama.cpp's tensor-parallel meta device is refused
-    with LLM(gpu_model, backend=BACKEND, device=G0.spec, n_gpu_layers=-1, n_ctx=1024) as one:
+    # greedy picks in the decode graph (patch 0004), the default where every layer is on
+    # CUDA: the pick is made where the output layer is (the last GPU of a layer split), the
+    # same tokens as the host's pick on one GPU; llama.cpp's tensor-parallel meta device is
+    # left out by default and refused when asked for
+    with LLM(gpu_model, backend=BACKEND, device=G0.spec, n_gpu_layers=-1, n_ctx=1024, device_sampling=False) as one:
         want = one.generate(PROMPT, max_tokens=16, ignore_eos=True).tokens
-    with LLM(gpu_model, backend=BACKEND, device=BOTH, split_mode="layer", n_gpu_layers=-1, n_ctx=1024,
-             device_sampling=True) as two:
+        assert not one.placement.device_sampling
+    with LLM(gpu_model, backend=BACKEND, device=BOTH, split_mode="layer", n_gpu_layers=-1, n_ctx=1024) as two:
+        assert two.placement.device_sampling
         assert two.generate(PROMPT, max_tokens=16, ignore_eos=True).tokens == want
         assert two.engine.stats()["tokens_picked_on_device"] == 16
+    with LLM(gpu_model, backend=BACKEND, device=BOTH, split_mode="tensor", n_gpu_layers=-1, n_ctx=1024) as tp:
+        assert not tp.placement.device_sampling
+        tp.generate(PROMPT, max_tokens=4)
+        assert tp.engine.stats()["tokens_picked_on_device"] == 0
     with pytest.raises(ConflictingArgumentsError, match=r"^device_sampling=True cannot be combined with "
                                                          r"split_mode='tensor'"):
         LLM(gpu_model, backend=BACKEND, device=BOTH, split_mode="tensor", n_gpu_layers=-1, device_sampling=True)

@@ -24,7 +24,8 @@ steps=${*:-models tests bench}
 # multi is its two halves, each marked done on its own: a bench cut off by the 10-minute
 # limit does not run the tests again
 steps=$(for s in $steps; do [ "$s" = multi ] && echo multi-tests multi-bench || echo "$s"; done)
-export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# thirdparty/llama.cpp/gguf-py: the gguf writer (random models, tests/gguf_corpus.py), absent from the image
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}:$PWD/thirdparty/llama.cpp/gguf-py PYTHONUNBUFFERED=1
 [ -d /tmp/lcp-site/llama_cpp ] && export PYTHONPATH=$PYTHONPATH:/tmp/lcp-site
 q=${QUANTIZE:-build/cmake/bin/llama-quantize}
 

@@ -53,12 +53,16 @@ class Backend:
     # and a wheel must not carry, each with what provides it: auditwheel leaves them out, and
     # the package names the provider when one is missing (docs/INSTALL.md)
     system_libs: Tuple[Tuple[str, str], ...] = ()
-    # LLM(device_sampling=True) is allowed: greedy picks in the decode graph were seen to run
-    # there, host-sampled requests after them in the same slots included (ARCHITECTURE.md
-    # §4.7; CUDA with llama.cpp's per-sequence samplers, which patch 0004's batch-wide pick
-    # replaced, and not yet with that). On lavapipe the per-sequence samplers corrupted the
-    # heap inside ggml-vulkan.
+    # LLM(device_sampling=True) is allowed: greedy picks in the decode graph (thirdparty patch
+    # 0004) were seen to run there, host-sampled requests after them in the same slots
+    # included (ARCHITECTURE.md §4.7). On lavapipe an earlier, per-sequence form (llama.cpp's
+    # backend samplers) corrupted the heap inside ggml-vulkan; the batch-wide pick has not
+    # run on Vulkan.
     device_sampling: bool = False
+    # ... and LLM(device_sampling=None) turns it on where every layer is on this backend: it
+    # measured faster than the host's pick there (H100, docs/benchmarks.md). Not on the CPU,
+    # whose arg-max kernel runs on one thread while the host's scan is shared
+    device_sampling_default: bool = False
 
     @property
     def make_target(self) -> str:
@@ -77,6 +81,7 @@ BACKENDS: Tuple[Backend, ...] = (
             offload=True, auto_rank=1, log_prefix="ggml_cuda_init:",
             # real code for Turing to Hopper (RTX 20xx .. H100/H200), PTX of 90 for newer GPUs
             portable_archs="75-real;80-real;86-real;89-real;90-real;90-virtual", device_sampling=True,
+            device_sampling_default=True,
             system_libs=(("libcuda.so.1", "the NVIDIA driver (`nvidia-smi` works where it is installed)"),)),
     Backend("hip", "GGML_HIP", "ROCm", "HIP (AMD ROCm)", "ROCm HIP SDK",
             "ROCm >= 6.1 with hipBLAS and rocBLAS: on Debian sid `apt-get install hipcc libamdhip64-dev "

@@ -12,6 +12,9 @@ import subprocess
 import time
 from pathlib import Path
 
+# the benchmark scripts' --device-sampling choices and the LLM(device_sampling=) each means
+DEVICE_SAMPLING = {"auto": None, "on": True, "off": False}
+
 def spread(values, scale: float = 1.0, digits: int = 2, unit: str = "") -> str:
     """The median of per-round figures, with their range when there were several rounds:
     spread([0.991, 0.96, 1.012], 100, 1, "%") == "99.1% (96.0–101.2)"; "—" for none."""

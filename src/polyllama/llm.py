@@ -365,15 +365,18 @@ class LLM:
         the model runs on the CPU, whose cores ggml needs; half the cores, at most 8, when
         it is offloaded). They share the arg-max scans over the logits: a sequence each
         when many run, ranges of one sequence's logits when few do.
-    device_sampling: True: a step whose outputs are all plain greedy picks makes them
+    device_sampling: whether a step whose outputs are all plain greedy picks makes them
         inside the decode graph, one arg-max over all rows, so that only the token ids come
-        back from the device instead of n_vocab logits each (thirdparty patch 0004; never
-        through RPC). A step with a request that needs logits (logprobs, a sampler chain,
-        logits()) reads them all on the host. Off by default: an earlier, per-sequence form
-        of it cost more in llama_decode on an H100 than it saved, and this one has not been
-        measured on a GPU yet (ARCHITECTURE.md §4.7). Allowed on the backends the table
-        marks (CPU, CUDA); elsewhere ConflictingArgumentsError, because on lavapipe the
-        per-sequence form corrupted ggml-vulkan's heap.
+        back from the device instead of n_vocab logits each (thirdparty patch 0004). A step
+        with a request that needs logits (logprobs, a sampler chain, logits()) reads them
+        all on the host. None (default): on where the backend table makes it the default
+        (CUDA) and every layer, the output layer included, is on such GPUs without tensor
+        parallelism or RPC; there it lifted 64 prompts from 93-95% to 114-130% of
+        llama-batched-bench on an H100 (docs/benchmarks.md), off elsewhere (Placement.
+        device_sampling says which). True asks for it where the table allows it (CPU, CUDA;
+        ConflictingArgumentsError elsewhere, because on lavapipe an earlier, per-sequence
+        form corrupted ggml-vulkan's heap, and with split_mode="tensor" over several
+        devices); never through RPC. False: always on the host.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, backend: str | None = None,
@@ -386,7 +389,7 @@ class LLM:
                  flash_attn: str = "auto", memory_margin: int = DEFAULT_MARGIN,
                  progress: Callable[[float], Any] | None = None, chat_template: str | None = None,
                  rpc_servers: Sequence[str] | None = None, rpc_timeout: float | None = None,
-                 use_mmap: bool = True, device_sampling: bool = False):
+                 use_mmap: bool = True, device_sampling: bool | None = None):
         # guards loading, close() and what reads the model outside the engine; generation
         # runs in the engine, which serializes nothing per thread (requests batch together)
         self._lock = threading.RLock()
@@ -419,8 +422,8 @@ class LLM:
         if not isinstance(use_mmap, bool):
             raise TypeError(f"use_mmap must be True or False, not {use_mmap!r}")
         self._use_mmap = use_mmap
-        if not isinstance(device_sampling, bool):
-            raise TypeError(f"device_sampling must be True or False, not {device_sampling!r}")
+        if device_sampling is not None and not isinstance(device_sampling, bool):
+            raise TypeError(f"device_sampling must be None, True or False, not {device_sampling!r}")
         self._device_sampling = device_sampling
         if flash_attn not in ("auto", "on", "off"):
             raise ValueError(f"flash_attn must be 'auto', 'on' or 'off', not {flash_attn!r}")
@@ -572,19 +575,29 @@ class LLM:
         # aligned slot regions buy exact CPU results (ARCHITECTURE.md §6.3) for some unused
         # cells; GPU kernels are not exact across batch shapes anyway, so they go without
         n_sample = self._n_threads_sample or default_sample_threads(offloaded)
-        self._engine = Engine(self, llamacpp.Engine(ctx, n_sample,
-                                                aligned_regions=not offloaded,
-                                                device_sampling=self._device_sampling))
-        mem = ctx.memory()
         n_layers = model.n_layer + 1
         ngl = mp.n_gpu_layers
         ngl = 0 if not cand.devices else (n_layers if ngl < 0 else min(ngl, n_layers))
+        # never through RPC, where llama_decode runs on a worker thread (csrc/engine.cpp)
+        remote = any(d.backend == "rpc" for d in cand.devices)
+        device_sampling = self._device_sampling
+        if device_sampling is None:
+            # the output layer is the last of llama.cpp's n_layer + 1 slots: with fewer
+            # offloaded it, and so the arg-max, runs on the CPU, whose kernel is one thread's
+            device_sampling = (ngl == n_layers and by_name(cand.backend).device_sampling_default
+                               and not (cand.split_mode == "tensor" and len(cand.devices) > 1))
+        device_sampling = device_sampling and not remote
+        self._engine = Engine(self, llamacpp.Engine(ctx, n_sample,
+                                                aligned_regions=not offloaded,
+                                                device_sampling=device_sampling))
+        mem = ctx.memory()
         # split_mode="tensor" reports one "Meta()" device: name the real ones
         used = real_device_names([r["device"] for r in mem[:-1] if r["model"] > 0], cand.devices)
         self.placement = Placement(backend=cand.backend if ngl > 0 else "cpu",
                                    devices=used if ngl > 0 and used else ["CPU"],
                                    n_gpu_layers=ngl, n_layers=n_layers, memory=mem,
                                    skipped=list(skipped), fitted=fitted,
+                                   device_sampling=device_sampling,
                                    remote={d.name: d.description for d in cand.devices
                                            if d.backend == "rpc"})
         log.info("polyllama: %s", self.placement)

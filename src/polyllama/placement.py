@@ -60,6 +60,7 @@ class Placement:
     skipped: list[str] = field(default_factory=list)   # why earlier candidates were not used
     fitted: bool = False                   # n_gpu_layers chosen by llama.cpp's memory fitting
     remote: dict[str, str] = field(default_factory=dict)  # RPC device name -> "host:port"
+    device_sampling: bool = False          # greedy picks in the decode graph (LLM(device_sampling=))
 
     def __post_init__(self) -> None:
         self.devices = real_device_names(self.devices)
