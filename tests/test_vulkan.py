@@ -228,7 +228,7 @@ def test_split_mode_tensor_skips_fitting_and_offloads_all(model_path, llm):
 
 
 @needs_vulkan
-def test_device_sampling_is_refused_on_vulkan(model_path):
+def test_device_sampling_is_refused_on_vulkan_and_off_by_default(model_path):
     # on lavapipe, a host-sampled request after greedy picks in the decode graph, in the
     # same slots, corrupted the heap inside ggml-vulkan (SIGSEGV / "corrupted double-linked
     # list"): the backend table does not allow it there, and the refusal comes before loading
@@ -237,3 +237,8 @@ def test_device_sampling_is_refused_on_vulkan(model_path):
                        match=r"^device_sampling=True is not available on vulkan \(only on cpu, cuda\): "
                              r"it has not been seen to run safely there$"):
         LLM(model_path, backend="vulkan", device_sampling=True)
+    # and the default leaves it off there, every layer offloaded or not (device_sampling=None)
+    with LLM(model_path, backend="vulkan", n_gpu_layers=-1, n_ctx=512) as m:
+        assert m.placement.n_gpu_layers == m.placement.n_layers and not m.placement.device_sampling
+        m.generate("Hello", max_tokens=3)
+        assert m.engine.stats()["tokens_picked_on_device"] == 0
