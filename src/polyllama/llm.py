@@ -583,8 +583,10 @@ class LLM:
         device_sampling = self._device_sampling
         if device_sampling is None:
             # the output layer is the last of llama.cpp's n_layer + 1 slots: with fewer
-            # offloaded it, and so the arg-max, runs on the CPU, whose kernel is one thread's
-            device_sampling = (ngl == n_layers and by_name(cand.backend).device_sampling_default
+            # offloaded it, and so the arg-max, runs on the CPU, whose kernel is one thread's.
+            # Every device is asked, not only the candidate's backend: a list may mix them
+            device_sampling = (ngl == n_layers and bool(cand.devices)
+                               and all(by_name(d.backend).device_sampling_default for d in cand.devices)
                                and not (cand.split_mode == "tensor" and len(cand.devices) > 1))
         device_sampling = device_sampling and not remote
         self._engine = Engine(self, llamacpp.Engine(ctx, n_sample,
