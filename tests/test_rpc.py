@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from polyllama import LLM, PolyllamaError, RemoteDeviceError, devices
+from polyllama import ConflictingArgumentsError, LLM, PolyllamaError, RemoteDeviceError, devices
 from polyllama._llamacpp_loader import llamacpp
 from polyllama.rpc import PROTO_MAJOR, add_rpc_server, probe
 from conftest import child_env
@@ -164,6 +164,33 @@ def test_backend_rpc_puts_all_layers_remote(model_path, servers):
         mem = {r["device"]: r for r in m.placement.memory}
         assert all(mem[name]["model"] > 0 for name in m.placement.remote)
         assert m.generate("The capital of France is", max_tokens=4).text.strip()
+
+
+def test_graph_picks_stay_off_through_rpc(model_path, servers):
+    # through RPC llama_decode runs on a worker thread with a timeout: the backend table's
+    # rpc entry neither makes greedy picks in the decode graph the default nor allows them
+    a, _ = servers
+    with LLM(model_path, backend="rpc", rpc_servers=[a.endpoint], n_threads=THREADS, n_ctx=512) as m:
+        assert m.placement.n_gpu_layers == m.placement.n_layers and not m.placement.device_sampling
+        m.generate("The capital of France is", max_tokens=3, ignore_eos=True)
+        assert m.engine.stats()["tokens_picked_on_device"] == 0
+    with pytest.raises(ConflictingArgumentsError, match=r"^device_sampling=True is not available on rpc "
+                                                         r"\(only on cpu, cuda\): "):
+        LLM(model_path, backend="rpc", rpc_servers=[a.endpoint], device_sampling=True)
+
+
+@pytest.mark.skipif(not any(d.backend == "vulkan" for d in devices()), reason="no Vulkan device in this build")
+def test_device_sampling_asks_every_backend_of_a_mixed_device_list(model_path, servers):
+    # a list of two backends' devices makes a candidate named "rpc+vulkan", which the backend
+    # table does not know: each backend is asked in the list's order (this was an
+    # AttributeError before)
+    a, _ = servers
+    add_rpc_server(a.endpoint)
+    vk = next(d for d in devices() if d.backend == "vulkan")
+    remote = next(d for d in devices() if d.backend == "rpc" and d.description == a.endpoint)
+    with pytest.raises(ConflictingArgumentsError, match=r"^device_sampling=True is not available on vulkan "
+                                                         r"\(only on cpu, cuda\): "):
+        LLM(model_path, device=[vk, remote], n_gpu_layers=-1, device_sampling=True)
 
 
 # The client that loses a server: prints one JSON line with what happened.

@@ -508,12 +508,17 @@ class LLM:
 
     # ---- loading ------------------------------------------------------------------------
     def _load(self, cand: Candidate, margin: int, progress, skipped: list[str]) -> None:
-        if self._device_sampling and not by_name(cand.backend).device_sampling:
+        # each backend the model would run on: a device list may mix them (its candidate is
+        # then named "cuda+vulkan", which the backend table does not know)
+        backends = [by_name(b) for b in dict.fromkeys(d.backend for d in cand.devices)] or [by_name("cpu")]
+        tensor_parallel = cand.split_mode == "tensor" and len(cand.devices) > 1
+        refused = [b.name for b in backends if not b.device_sampling]
+        if self._device_sampling and refused:
             allowed = ", ".join(b.name for b in BACKENDS if b.device_sampling)
             raise ConflictingArgumentsError(
-                f"device_sampling=True is not available on {cand.backend} (only on {allowed}): "
+                f"device_sampling=True is not available on {refused[0]} (only on {allowed}): "
                 "it has not been seen to run safely there")
-        if self._device_sampling and cand.split_mode == "tensor" and len(cand.devices) > 1:
+        if self._device_sampling and tensor_parallel:
             # llama.cpp's own backend sampling refuses tensor parallelism, and the graph's
             # pick (patch 0004) has not run on its meta device
             raise ConflictingArgumentsError(
@@ -578,17 +583,13 @@ class LLM:
         n_layers = model.n_layer + 1
         ngl = mp.n_gpu_layers
         ngl = 0 if not cand.devices else (n_layers if ngl < 0 else min(ngl, n_layers))
-        # never through RPC, where llama_decode runs on a worker thread (csrc/engine.cpp)
-        remote = any(d.backend == "rpc" for d in cand.devices)
         device_sampling = self._device_sampling
         if device_sampling is None:
             # the output layer is the last of llama.cpp's n_layer + 1 slots: with fewer
             # offloaded it, and so the arg-max, runs on the CPU, whose kernel is one thread's.
-            # Every device is asked, not only the candidate's backend: a list may mix them
-            device_sampling = (ngl == n_layers and bool(cand.devices)
-                               and all(by_name(d.backend).device_sampling_default for d in cand.devices)
-                               and not (cand.split_mode == "tensor" and len(cand.devices) > 1))
-        device_sampling = device_sampling and not remote
+            # Never through RPC (its table entry), where llama_decode runs on a worker thread
+            device_sampling = (ngl == n_layers and all(b.device_sampling_default for b in backends)
+                               and not tensor_parallel)
         self._engine = Engine(self, llamacpp.Engine(ctx, n_sample,
                                                 aligned_regions=not offloaded,
                                                 device_sampling=device_sampling))
