@@ -64,9 +64,10 @@ cdef tuple _output_tuple(int rc, csrc.request_output & out):
     return rc, text, tokens, logprobs, final
 
 
-# The C++ engine's destructor detaches its device samplers from the context
-# (llama_set_sampler), so the Context must still be alive when it runs: without
-# no_gc_clear a garbage collection could clear self.context, and free the context, first.
+# The C++ engine's destructor waits for the threads still stepping on the context (inside
+# llama_decode, or its pick helpers reading the context's logits), so the Context must still
+# be alive when it runs: without no_gc_clear a garbage collection could clear self.context,
+# and free the context, first.
 @cython.no_gc_clear
 cdef class Engine:
     """Continuous batching over one Context (see csrc/engine.h)."""
