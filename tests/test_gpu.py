@@ -18,6 +18,12 @@ if not GPUS:
     pytest.skip("no GPU device in this build/machine", allow_module_level=True)
 GPU = GPUS[0]
 
+
+def _of_backend(backend):
+    """Names of every device of a backend: `backend="cuda"` alone takes all of them (a layer
+    split over two GPUs on a two-GPU machine); `device=` picks one."""
+    return [d.name for d in GPUS if d.backend == backend]
+
 # Each GPU backend of the build (CUDA and Vulkan on the H100 build: two views of one GPU).
 GPU_BACKENDS = sorted({d.backend for d in GPUS})
 # Measured on the H100 with a random-weight 1B Q4_0 model: see docs/benchmarks/h100-2026-11-23-gpu-tests.txt
@@ -44,7 +50,7 @@ def test_explicit_backend_offloads_everything(gpu_model):
     from polyllama import LLM
     with LLM(gpu_model, backend=GPU.backend, n_gpu_layers=-1) as m:
         p = m.placement
-        assert p.backend == GPU.backend and p.devices == [GPU.name]
+        assert p.backend == GPU.backend and p.devices == _of_backend(GPU.backend)
         assert p.n_gpu_layers == p.n_layers
         dev_row = next(r for r in p.memory if r["device"] == GPU.name)
         assert dev_row["model"] > 0 and dev_row["context"] > 0
@@ -83,8 +89,7 @@ def test_each_gpu_backend_runs_and_agrees_with_cpu(gpu_model, backend):
         refs = [(cpu.logits(p), cpu.generate(p, max_tokens=4).tokens) for p in prompts]
     with LLM(gpu_model, backend=backend, n_ctx=512, n_gpu_layers=-1) as gpu:
         p = gpu.placement
-        dev = next(d for d in GPUS if d.backend == backend)
-        assert p.backend == backend and p.devices == [dev.name] and p.n_gpu_layers == p.n_layers
+        assert p.backend == backend and p.devices == _of_backend(backend) and p.n_gpu_layers == p.n_layers
         for prompt, (ref, ref_tokens) in zip(prompts, refs):
             got = gpu.logits(prompt)
             cos = _cosine(ref, got)
@@ -112,12 +117,15 @@ def test_each_gpu_backend_runs_and_agrees_with_cpu(gpu_model, backend):
 def test_fit_offloads_fewer_layers_when_memory_is_short(gpu_model):
     import polyllama
     from polyllama import LLM
-    est = polyllama.estimate_memory(gpu_model, n_ctx=4096, backend=GPU.backend)
+    # on one device: the margin applies to each device, and over two GPUs half of each
+    # one's share left no whole layer with its compute buffer (2 x H200, 2026-11-26)
+    est = polyllama.estimate_memory(gpu_model, n_ctx=4096, backend=GPU.backend, device=GPU.spec)
     need = sum(r["bytes"] for r in est["devices"] if r["device"] == GPU.name)
     # leave only about half of what a full offload needs, measured now: earlier tests'
     # backends may keep memory that GPU.memory_free (read at import) does not show
     margin = _free(GPU) - need // 2
-    with LLM(gpu_model, backend=GPU.backend, n_gpu_layers="auto", memory_margin=margin) as m:
+    with LLM(gpu_model, backend=GPU.backend, device=GPU.spec, n_gpu_layers="auto", memory_margin=margin) as m:
+        assert m.placement.devices == [GPU.name]
         assert m.placement.fitted
         assert 0 < m.placement.n_gpu_layers < m.placement.n_layers
 

@@ -242,3 +242,20 @@ def test_device_sampling_is_refused_on_vulkan_and_off_by_default(model_path):
         assert m.placement.n_gpu_layers == m.placement.n_layers and not m.placement.device_sampling
         m.generate("Hello", max_tokens=3)
         assert m.engine.stats()["tokens_picked_on_device"] == 0
+
+
+@needs_vulkan
+def test_a_margin_that_leaves_no_room_is_named_in_the_memory_error(model_path):
+    # the free memory in the message is before the margin: without the margin named,
+    # "needs 150 MiB, has 2048 MiB free" reads as a contradiction
+    from polyllama import InsufficientMemoryError
+    dev = _vk_devices[0]
+    margin = dev.memory_free + (1 << 30)
+    with pytest.raises(InsufficientMemoryError) as ei:
+        LLM(model_path, backend="vulkan", memory_margin=margin, fallback=False, n_threads=THREADS, n_ctx=256)
+    msg = str(ei.value)
+    assert msg.startswith(("the model does not fit in free device memory: ",
+                           "not even one layer fits in free device memory: ")), msg
+    assert f"{dev.name} needs " in msg
+    assert msg.endswith(f" MiB free (memory_margin keeps {margin / 2**20:.0f} MiB of each device free)"), msg
+    assert ei.value.free[dev.name] > 0

@@ -534,11 +534,11 @@ class LLM:
             status = llamacpp.fit_params(self.model_path, mp, cp, [margin] * len(cand.devices),
                                      n_ctx_min=min(self._cparams["n_ctx"] or 4096, 4096))
             if status != "success":
-                raise self._memory_error(cand, cp, "the model does not fit in free device memory")
+                raise self._memory_error(cand, cp, "the model does not fit in free device memory", margin)
             fitted = True
             if mp.n_gpu_layers == 0:
                 # llama.cpp's fit left every layer on the host: this candidate adds nothing
-                raise self._memory_error(cand, cp, "not even one layer fits in free device memory")
+                raise self._memory_error(cand, cp, "not even one layer fits in free device memory", margin)
         if not cand.devices:
             self._check_host_memory(cand, cp)
         try:
@@ -630,14 +630,18 @@ class LLM:
                 f"KV cache and compute buffers, but {avail / 2**20:.0f} MiB are available; use a smaller "
                 "n_ctx (or n_seq_max)", needed={"Host": needed}, free={"Host": avail})
 
-    def _memory_error(self, cand: Candidate, cp, what: str) -> InsufficientMemoryError:
-        """InsufficientMemoryError with llama.cpp's estimate of a full offload vs free memory."""
+    def _memory_error(self, cand: Candidate, cp, what: str, margin: int | None = None) -> InsufficientMemoryError:
+        """InsufficientMemoryError with llama.cpp's estimate of a full offload vs free memory;
+        `margin` where the fit kept it free, else "needs 400 MiB, has 1,000 MiB free" reads as
+        a contradiction (seen with a large memory_margin on 2 x H200, 2026-11-26)."""
         est = llamacpp.estimate_memory(self.model_path, model_params(cand), cp)
         needed = {r["device"]: r["model"] + r["context"] + r["compute"] for r in est["devices"]}
         free = {r["device"]: r["free"] for r in est["devices"]}
-        return InsufficientMemoryError(
-            f"{what}: " + ", ".join(f"{d} needs {needed[d] / 2**20:.0f} MiB, has {free[d] / 2**20:.0f} MiB free"
-                                    for d in needed if d != "Host"), needed=needed, free=free)
+        msg = f"{what}: " + ", ".join(f"{d} needs {needed[d] / 2**20:.0f} MiB, has {free[d] / 2**20:.0f} MiB free"
+                                      for d in needed if d != "Host")
+        if margin:
+            msg += f" (memory_margin keeps {margin / 2**20:.0f} MiB of each device free)"
+        return InsufficientMemoryError(msg, needed=needed, free=free)
 
     # ---- lifetime -----------------------------------------------------------------------
     def close(self) -> None:
