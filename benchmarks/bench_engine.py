@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from polyllama.bench import (DEVICE_SAMPLING, batched_bench, llama_batched_bench, llama_bench,  # noqa: E402
-                             polyllama_bench, spread)
+                             polyllama_bench, source_commit, spread)
 
 
 def _free_port() -> int:
@@ -234,8 +234,7 @@ def main() -> int:
             result["chat_error"] = f"{type(e).__name__}: {e}"
         print("chat:", json.dumps(result.get("chat") or result.get("chat_error")), flush=True)
 
-    commit = os.environ.get("POLYLLAMA_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = source_commit(ROOT)
     s = result["single"]
     lines = [f"### {result['model']}, {args.backend} ({s['placement']}) — {result['date']}, polyllama {commit}", "",
              f"command: `python benchmarks/bench_engine.py {' '.join(sys.argv[1:])}` "

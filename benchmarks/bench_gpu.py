@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from peers import llama_cpp_python_bench  # noqa: E402  (benchmarks/ is the script's folder)
 from polyllama.bench import (batched_bench, llama_batched_bench, llama_bench,  # noqa: E402
-                             polyllama_bench, spread)
+                             polyllama_bench, source_commit, spread)
 
 BIN = ROOT / "build" / "cmake" / "bin"
 THREADS = 16
@@ -111,9 +110,7 @@ def main() -> int:
                 BIN / "llama-batched-bench", str(m1), widths=WIDTHS, kv_unified=unified)
         print("batched:", json.dumps(batched), flush=True)
 
-    # the device tool's copy of the tree may carry a stale .git: the caller can name the commit
-    commit = os.environ.get("POLYLLAMA_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip() or "unknown"
+    commit = source_commit(ROOT)
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                          text=True).stdout.strip()
     lines = [f"## {', '.join(backends)} on {gpu} — {datetime.date.today()}, polyllama {commit}", "",

@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from polyllama import devices  # noqa: E402
 from polyllama.bench import (DEVICE_SAMPLING, batched_bench, llama_batched_bench, llama_bench,  # noqa: E402
-                             polyllama_bench, spread)
+                             polyllama_bench, source_commit, spread)
 
 
 def placements(g0, g1) -> list[tuple[str, dict, list[str], str, list[str], str]]:
@@ -153,8 +152,7 @@ def main() -> int:
             per[label] = rows
             save()
 
-    commit = os.environ.get("POLYLLAMA_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = source_commit(ROOT)
     lines = [f"### Two GPUs: {result['gpus'][0]} and {result['gpus'][1]} — {result['date']}, polyllama {commit}", "",
              f"command: `python benchmarks/bench_multi_gpu.py {' '.join(sys.argv[1:])}` (flash attention on, "
              f"{args.threads} threads, device sampling {args.device_sampling}, {args.rounds} round(s) in turn; ratios: median (range))", "",

@@ -23,10 +23,8 @@ import datetime
 import json
 import os
 import platform
-import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -34,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+from polyllama.bench import source_commit  # noqa: E402
 
 
 def free_port() -> int:
@@ -271,8 +270,7 @@ def sse_microbench(n: int) -> dict:
 
 # ---- the report ----------------------------------------------------------------------------
 def report(rows: list[dict], a, notes: list[str]) -> str:
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = source_commit(ROOT)
     cpu = ""
     try:
         cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))

@@ -198,3 +198,25 @@ def test_bench_counts_must_be_positive(flag, value, capsys):
         cli.build_parser().parse_args(["bench", flag, value])
     assert e.value.code == 2
     assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_bench_reports_name_the_commit_and_flag_a_tree_that_differs(tmp_path, monkeypatch):
+    # the device tool's copy of the tree carried a stale .git: reports named a commit
+    # several behind what ran (2026-11-25 and 26)
+    from polyllama.bench import source_commit
+    monkeypatch.delenv("POLYLLAMA_COMMIT", raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))   # a TMPDIR inside a checkout
+    assert source_commit(tmp_path) == "unknown"
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "f.txt").write_text("one\n")
+    subprocess.run([*git, "add", "f.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    (tmp_path / "untracked.txt").write_text("not part of the tree\n")
+    assert source_commit(tmp_path) == head
+    (tmp_path / "f.txt").write_text("two\n")
+    assert source_commit(tmp_path) == head + "+changes"
+    monkeypatch.setenv("POLYLLAMA_COMMIT", "abc1234")
+    assert source_commit(tmp_path) == "abc1234"

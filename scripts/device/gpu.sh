@@ -12,6 +12,8 @@
 # SHAPES (default "1b 8b") and QUANTS (default "Q4_0 Q8_0") pick the models written, QUANTIZE
 # the llama-quantize to use (default build/cmake/bin's), and
 # BENCH_ARGS passes more options to benchmarks/bench_gpu.py (e.g. "--types Q4_0 -r 2").
+# POLYLLAMA_COMMIT names the commit in the reports' headers: the device tool's copy of the
+# tree can carry a stale .git, and without it they read "<that HEAD>+changes".
 # A step that finished is not run again on the same machine (markers in /tmp/polyllama-done),
 # so after a command that hit the device tool's 10-minute limit the same line continues.
 set -uo pipefail

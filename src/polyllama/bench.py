@@ -7,6 +7,7 @@ here is a timed unit test.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -14,6 +15,24 @@ from pathlib import Path
 
 # the benchmark scripts' --device-sampling choices and the LLM(device_sampling=) each means
 DEVICE_SAMPLING = {"auto": None, "on": True, "off": False}
+
+
+def source_commit(root: Path) -> str:
+    """The commit of the tree at `root` for a report's header: $POLYLLAMA_COMMIT where the
+    caller names it, else git's short HEAD with "+changes" when tracked files differ from it,
+    "unknown" outside a checkout. The device tool's copy of the tree can carry a stale .git:
+    reports made there named a commit several behind (2026-11-25 and 26)."""
+    if os.environ.get("POLYLLAMA_COMMIT"):
+        return os.environ["POLYLLAMA_COMMIT"]
+
+    def git(*args):
+        r = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 def spread(values, scale: float = 1.0, digits: int = 2, unit: str = "") -> str:
     """The median of per-round figures, with their range when there were several rounds:
