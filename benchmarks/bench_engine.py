@@ -203,7 +203,8 @@ def main() -> int:
         "pp_ratios": [o["pp"] / r["pp"] for r, o in singles],
         "overhead_us": statistics.median(o["overhead_us_per_token"] for _, o in singles),
         "step_us": singles[-1][1]["step_us"],
-        "placement": singles[0][1]["placement"]}
+        "placement": singles[0][1]["placement"],
+        "device_sampling": singles[0][1]["device_sampling"]}   # what "auto" chose
     save()
 
     # batched, per KV layout, in turn
@@ -236,9 +237,11 @@ def main() -> int:
 
     commit = source_commit(ROOT)
     s = result["single"]
+    chosen = "on" if s["device_sampling"] else "off"
     lines = [f"### {result['model']}, {args.backend} ({s['placement']}) — {result['date']}, polyllama {commit}", "",
              f"command: `python benchmarks/bench_engine.py {' '.join(sys.argv[1:])}` "
-             f"(flash attention on, {args.threads} threads, device sampling {args.device_sampling}, "
+             f"(flash attention on, {args.threads} threads, device sampling {args.device_sampling}"
+             f"{f' ({chosen})' if args.device_sampling == 'auto' else ''}, "
              f"sample threads {args.sample_threads or 'default'}, "
              f"{args.rounds} rounds in turn; ratios: median (range))", "",
              "| single stream | llama-bench | polyllama | ratio |", "|---|---|---|---|",

@@ -62,6 +62,8 @@ def table(results: list[dict], widths: list[int]) -> list[str]:
     for (name, label), rows in pooled.items():
         pp = [r["polyllama"]["pp"] / r["llama_bench"]["pp"] for r in rows]
         tg = [r["polyllama"]["tg"] / r["llama_bench"]["tg"] for r in rows]
+        if all(r["polyllama"].get("device_sampling") for r in rows):   # absent before 2026-11-26
+            label += ", graph picks"
         cells = [name, label, str(len(rows)), f"{statistics.median(r['llama_bench']['pp'] for r in rows):.0f}",
                  spread(pp, 100, 1, "%"), f"{statistics.median(r['llama_bench']['tg'] for r in rows):.1f}",
                  spread(tg, 100, 1, "%")]

@@ -133,14 +133,14 @@ def polyllama_bench(model: str, threads: int, n_prompt: int, n_gen: int, reps: i
             pass
         if rep:
             tg_stream.append(req.result().generation_tokens_per_second)
-    placement = str(llm.placement)
+    placement, device_sampling = str(llm.placement), llm.placement.device_sampling
     llm.close()
     return {"pp": statistics.mean(pp), "pp_sd": statistics.pstdev(pp),
             "tg": statistics.mean(tg_gen), "tg_sd": statistics.pstdev(tg_gen),
             "tg_stream": statistics.mean(tg_stream), "tg_stream_sd": statistics.pstdev(tg_stream),
             "overhead_us_per_token": statistics.median(overhead) if overhead else None,
             "step_us": {k: statistics.median(b[k] for b in steps) for k in steps[0]} if steps else {},
-            "placement": placement}
+            "placement": placement, "device_sampling": device_sampling}
 
 
 def batched_bench(model: str, widths=(1, 4, 16, 64), n_gen: int = 128, backend: str = "auto",
