@@ -220,3 +220,14 @@ def test_bench_reports_name_the_commit_and_flag_a_tree_that_differs(tmp_path, mo
     assert source_commit(tmp_path) == head + "+changes"
     monkeypatch.setenv("POLYLLAMA_COMMIT", "abc1234")
     assert source_commit(tmp_path) == "abc1234"
+
+
+@pytest.mark.parametrize("argv,shown", [
+    (["/x/src/polyllama/__main__.py", "bench", "-t", "2"], "python -m polyllama bench -t 2"),
+    (["/venv/bin/polyllama", "bench", "-m", "my model.gguf"], "polyllama bench -m 'my model.gguf'"),
+    (["benchmarks/bench_cpu.py", "--rounds", "3"], "python benchmarks/bench_cpu.py --rounds 3"),
+])
+def test_bench_reports_give_the_command_as_typed(argv, shown, monkeypatch):
+    from polyllama import bench
+    monkeypatch.setattr(sys, "argv", argv)
+    assert bench._command_line() == shown

@@ -8,13 +8,28 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 # the benchmark scripts' --device-sampling choices and the LLM(device_sampling=) each means
 DEVICE_SAMPLING = {"auto": None, "on": True, "off": False}
+
+
+def _command_line() -> str:
+    """The command that made a report, as one would type it again: `python -m polyllama
+    bench ...` read "/…/src/polyllama/__main__.py bench ..." from sys.argv alone."""
+    argv0 = Path(sys.argv[0])
+    if argv0.name == "__main__.py" and argv0.parent.name == "polyllama":
+        prog = "python -m polyllama"
+    elif argv0.name == "polyllama":          # the console script
+        prog = "polyllama"
+    else:
+        prog = f"python {sys.argv[0]}"
+    return " ".join([prog, *(shlex.quote(a) for a in sys.argv[1:])])
 
 
 def source_commit(root: Path) -> str:
@@ -242,7 +257,6 @@ def compare(model: str, *, backend: str = "cpu", threads: int = 2, n_prompt: int
     """
     import datetime
     import platform
-    import sys
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     binary = find_llama_bench(bin_dir)
@@ -280,7 +294,7 @@ def compare(model: str, *, backend: str = "cpu", threads: int = 2, n_prompt: int
     first = per_round[0]
     lines = [f"# polyllama benchmark — {datetime.date.today()}, {platform.node()}, "
              f"{Path(model).name}, {threads} threads, {first['polyllama']['placement']}",
-             f"command: {' '.join(sys.argv)}",
+             f"command: {_command_line()}",
              f"{rounds} round(s) of {reps} repetitions; figures are medians over rounds"
              + (", ratios the median (and range) of the per-round ratios" if rounds > 1 else ""), "",
              f"| runner | threads | {pp} t/s | {tg} t/s | {pp} vs llama-bench | {tg} vs llama-bench "
