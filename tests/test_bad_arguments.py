@@ -71,6 +71,8 @@ CASES = [
     ("rpc_servers an int", new(rpc_servers=5), TypeError, r"rpc_servers must be a list of 'host:port' strings, not 5"),
     ("rpc_timeout a str", new(rpc_timeout="x"), TypeError, r"rpc_timeout must be a number of seconds, not 'x'"),
     ("memory_margin negative", new(memory_margin=-1), ValueError, r"memory_margin must be a number of bytes >= 0"),
+    ("memory_margin past int64", new(memory_margin=1 << 63), ValueError,
+     r"memory_margin must be a number of bytes >= 0 and below 2\*\*63, got 9223372036854775808"),
     ("chat_template an int", new(chat_template=5), TypeError, r"chat_template must be a Jinja template string or None"),
     ("chat_template broken Jinja", new(chat_template="{% for"), TemplateError,
      r"chat_template cannot be used .* pass a valid Jinja chat template"),

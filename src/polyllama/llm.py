@@ -442,8 +442,11 @@ class LLM:
             raise TypeError(f"fallback must be True or False, not {fallback!r}")
         if not isinstance(kv_unified, bool):
             raise TypeError(f"kv_unified must be True or False, not {kv_unified!r}")
-        if isinstance(memory_margin, bool) or not isinstance(memory_margin, int) or memory_margin < 0:
-            raise ValueError(f"memory_margin must be a number of bytes >= 0, got {memory_margin!r}")
+        # llama.cpp's fit reads the margin as int64_t: from 2**63 on it wrapped to a deficit,
+        # and every layer "fitted" on a 2 GiB device (lavapipe, 2026-11-26)
+        if (isinstance(memory_margin, bool) or not isinstance(memory_margin, int)
+                or not 0 <= memory_margin < 1 << 63):
+            raise ValueError(f"memory_margin must be a number of bytes >= 0 and below 2**63, got {memory_margin!r}")
         if chat_template is not None and not isinstance(chat_template, str):
             raise TypeError(f"chat_template must be a Jinja template string or None, not "
                             f"{type(chat_template).__name__}")
